@@ -1,0 +1,137 @@
+"""The ``psring`` command. Sub-commands: train, worker, server, compare.
+
+Errors a user can fix (bad flags, unwritable output, a failed process) end with one line on stderr and a
+non-zero exit (2 for bad input, 1 for a failed run, 130 for Ctrl-C); details stay in the run's logs/.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ConfigError, OptimConfig, TrainConfig
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    d = TrainConfig()
+    p.add_argument("--sync", default=d.sync, help="ps | allreduce | ddp | none (default %(default)s)")
+    p.add_argument("--workers", "-n", type=int, default=d.workers, help="number of workers N")
+    p.add_argument("--servers", "-s", type=int, default=d.servers, help="PS server processes S (--sync ps)")
+    p.add_argument("--model", default=d.model, help="cnn | resnet18 (default %(default)s)")
+    p.add_argument("--dataset", default=d.dataset, help="synthetic (default)")
+    p.add_argument("--num-samples", type=int, default=d.num_samples, help="size of the synthetic data set")
+    p.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="per-worker batch size B")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.optim.lr)
+    p.add_argument("--momentum", type=float, default=d.optim.momentum)
+    p.add_argument("--weight-decay", type=float, default=d.optim.weight_decay)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--augment", action="store_true", help="random crop + horizontal flip")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0 = cores/N)")
+    p.add_argument("--backend", default=d.backend, help="auto | gloo | nccl for allreduce/ddp")
+    p.add_argument("--timeout", type=float, default=d.timeout_s, dest="timeout_s",
+                   help="seconds any network wait may take before the run fails (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--out", default=d.out, help="output directory (default %(default)s)")
+
+
+def config_from_args(a: argparse.Namespace) -> TrainConfig:
+    cfg = TrainConfig(sync=a.sync, workers=a.workers, servers=a.servers, model=a.model, dataset=a.dataset,
+                      num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
+                      augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
+                      warmup=a.warmup, log_every=a.log_every, out=a.out,
+                      optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
+    return cfg.validate()
+
+
+def cmd_train(a) -> int:
+    from .launch.launcher import launch
+
+    s = launch(config_from_args(a))
+    print(f"done: {s['steps_completed']} steps, {s['samples_per_s']:.1f} samples/s, "
+          f"loss {s['first_loss']:.4f} -> {s['final_loss']:.4f}; results in {a.out}")
+    return 0
+
+
+def cmd_worker(a) -> int:
+    from .train.trainer import main_worker
+
+    if a.config:
+        cfg = TrainConfig.load(a.config).validate()
+    else:
+        cfg = config_from_args(a)
+        cfg.ps_addrs = [x for x in (a.ps_addrs or "").split(",") if x]
+        if cfg.sync == "ps" and not cfg.ps_addrs:
+            raise ConfigError("--sync ps under torchrun needs --ps-addrs tcp://HOST:PORT,... of running servers")
+        import os
+        from pathlib import Path
+
+        if os.environ.get("RANK", "0") == "0":
+            Path(cfg.out).mkdir(parents=True, exist_ok=True)
+            cfg.save(Path(cfg.out) / "config.json")
+    return main_worker(cfg)
+
+
+def cmd_server(a) -> int:
+    from .sync.ps.server import run_server
+
+    if a.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {a.workers}")
+    if not 0 <= a.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {a.port}")
+    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads)
+
+
+def cmd_compare(a) -> int:
+    from .compare import run_compare
+
+    return run_compare(a.out, steps=a.steps)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="psring", description="Parameter server vs ring all-reduce.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    t = sub.add_parser("train", help="run servers and workers of one training job on this machine")
+    add_train_args(t)
+    t.set_defaults(func=cmd_train)
+
+    w = sub.add_parser("worker", help="one worker; rank from torchrun's environment (RANK, WORLD_SIZE, ...)")
+    add_train_args(w)
+    w.add_argument("--config", help="a resolved config.json (how `psring train` starts its workers)")
+    w.add_argument("--ps-addrs", help="comma-separated tcp://HOST:PORT of `psring server`s, for --sync ps")
+    w.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("server", help="one parameter-server process (one shard)")
+    s.add_argument("--workers", "-n", type=int, required=True, help="number of workers N it waits for")
+    s.add_argument("--bind", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    s.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
+    s.add_argument("--port-file", help="write the bound address here once listening")
+    s.add_argument("--idle-timeout", type=float, default=600.0, help="exit if no request for this long (s)")
+    s.add_argument("--threads", type=int, default=1)
+    s.set_defaults(func=cmd_server)
+
+    c = sub.add_parser("compare", help="none at N=1, allreduce and ps at N=2: a table of speedups")
+    c.add_argument("--out", default="runs/compare")
+    c.add_argument("--steps", type=int, default=40)
+    c.set_defaults(func=cmd_compare)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        print(f"psring: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("psring: interrupted; all processes stopped", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001
+        from .launch.launcher import LaunchError
+
+        if isinstance(e, LaunchError):
+            print(f"psring: error: {e}", file=sys.stderr)
+            return 1
+        raise

@@ -1,0 +1,143 @@
+"""``psring train``: start every PS server and worker of a run on this machine, watch them, clean up.
+
+Workers get torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the
+same worker runs unchanged under torchrun on many hosts. If any process fails, every other one is
+stopped and the launcher exits non-zero naming the failed process; Ctrl-C stops everything too.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+from ..config import ConfigError, TrainConfig
+from ..metrics.summary import finalize_run
+from .children import Child, Children, describe_exit, last_line
+
+SERVER_START_TIMEOUT_S = 60.0
+
+
+class LaunchError(RuntimeError):
+    """A process of the run failed; the message names it."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for stale in ("ranks", "logs", "servers"):
+            shutil.rmtree(out / stale, ignore_errors=True)
+        for stale in ("steps.jsonl", "summary.json", "model.pt"):
+            (out / stale).unlink(missing_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"cannot write to output directory {out}: {e.strerror}") from None
+
+
+def start_servers(cfg: TrainConfig, out: Path, kids: Children) -> list[str]:
+    """Start ``cfg.servers`` PS processes on random ports; return their addresses once all listen."""
+    port_files = [out / "servers" / f"server{i}.addr" for i in range(cfg.servers)]
+    port_files[0].parent.mkdir(parents=True, exist_ok=True)
+    servers = []
+    for i, pf in enumerate(port_files):
+        argv = [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
+                "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60))]
+        servers.append(kids.spawn(f"server {i}", argv, child_env(threads=1), out / "logs" / f"server{i}.log"))
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while not all(pf.exists() for pf in port_files):
+        check_alive(servers)
+        if time.monotonic() > deadline:
+            raise LaunchError(f"PS servers did not start within {SERVER_START_TIMEOUT_S:.0f} s; see {out}/logs")
+        time.sleep(0.05)
+    return [pf.read_text().strip() for pf in port_files]
+
+
+def child_env(threads: int, **extra) -> dict:
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(threads), PSRING_LAUNCHER="1", PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def start_workers(cfg: TrainConfig, out: Path, kids: Children) -> list[Child]:
+    port = free_port()
+    workers = []
+    for r in range(cfg.workers):
+        env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, LOCAL_RANK=r,
+                        LOCAL_WORLD_SIZE=cfg.workers, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        argv = [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
+        workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
+                                  stdout_to_terminal=(r == 0)))
+    return workers
+
+
+def check_alive(children: list[Child]) -> None:
+    for c in children:
+        rc = c.returncode
+        if rc is not None and rc != 0:
+            detail = last_line(c.log)
+            raise LaunchError(f"{c.name} (pid {c.proc.pid}) failed: {describe_exit(rc)}"
+                              + (f": {detail}" if detail else "") + f" (log: {c.log})")
+
+
+def watch(workers: list[Child], servers: list[Child], poll_s: float = 0.1) -> None:
+    """Return when every worker exited 0; raise ``LaunchError`` as soon as any process fails."""
+    while True:
+        check_alive(workers + servers)
+        if all(w.returncode == 0 for w in workers):
+            return
+        for s in servers:
+            if s.returncode == 0:  # a server only exits 0 once all workers said done
+                pending = [w for w in workers if w.returncode is None]
+                if pending and _wait_any_exit(pending, 30.0) is None:
+                    raise LaunchError(f"{s.name} exited while {pending[0].name} was still running")
+        time.sleep(poll_s)
+
+
+def _wait_any_exit(children: list[Child], timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in children:
+            if c.returncode is not None:
+                return c
+        time.sleep(0.1)
+    return None
+
+
+def _raise_interrupt(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def launch(cfg: TrainConfig) -> dict:
+    """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process."""
+    cfg.validate()
+    out = Path(cfg.out)
+    prepare_out(out)
+    kids = Children()
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        servers = []
+        if cfg.sync == "ps":
+            cfg.ps_addrs = start_servers(cfg, out, kids)
+            servers = kids.children[:]
+        cfg.save(out / "config.json")
+        workers = start_workers(cfg, out, kids)
+        watch(workers, servers)
+        deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
+        while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        kids.stop_all()
+        signal.signal(signal.SIGTERM, old)
+    return finalize_run(out, cfg.to_dict())

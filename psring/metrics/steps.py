@@ -1,0 +1,73 @@
+"""Per-step records: one JSON object per worker per step, appended and flushed line by line, so a run
+that dies keeps every step it finished."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class StepRecord:
+    """One worker's step. Times in seconds; ``sync_s`` is None when the strategy overlaps communication
+    with backward so it cannot be timed apart (ddp). Phases add up to ``step_s``."""
+
+    rank: int
+    step: int
+    loss: float
+    step_s: float
+    data_s: float
+    forward_s: float
+    backward_s: float
+    sync_s: float | None
+    update_s: float
+    bytes_sent: int
+    bytes_recv: int
+    samples: int
+    time: float  # wall clock (Unix seconds) at the end of the step
+
+
+class StepLog:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(path, "w", buffering=1)
+
+    def write(self, rec: StepRecord) -> None:
+        self.f.write(json.dumps(asdict(rec)) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self) -> "StepLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class PhaseClock:
+    """Lap timer over a step's phases; on GPU the device is synchronized before each reading, or the
+    host clock would time kernel launches instead of kernels."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.device = device
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+
+def read_steps(path: Path) -> list[dict]:
+    """Records of a ``steps.jsonl`` (or a per-rank file); a torn last line of a crashed run is skipped."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

@@ -1,0 +1,85 @@
+"""The one interface between the trainer and a synchronization strategy.
+
+The trainer runs forward and backward, then calls ``sync.step(t)``. When ``step`` returns, the model's
+parameters hold the globally synchronized, updated parameters for step t on every worker. How that
+happens is the strategy's business alone: all-reduce the gradients and run a local optimizer, or push
+gradients to parameter servers that update and pull the result back. The trainer never branches on
+the strategy, so in a measurement the synchronizer is the only thing that differs.
+
+Example::
+
+    sync = make_synchronizer(cfg, rank=0, world=1, local_rank=0)
+    model = sync.attach(build_model("cnn", seed=0).to(sync.device))
+    for t in range(steps):
+        loss = loss_fn(model(x), y)
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+        stats = sync.step(t)          # parameters are now step-t parameters everywhere
+    sync.close()
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..config import OptimConfig
+
+
+@dataclass
+class SyncStats:
+    """What one ``Synchronizer.step`` cost on this worker.
+
+    sync_s: seconds spent communicating (sending, waiting for peers or servers, receiving).
+    update_s: seconds of the optimizer update run on this worker (0 when servers update).
+    bytes_sent / bytes_recv: payload bytes this worker put on / took off the wire for the step.
+    """
+
+    sync_s: float = 0.0
+    update_s: float = 0.0
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+
+
+class Synchronizer(ABC):
+    """Base class of every strategy; see the module docstring for the contract."""
+
+    name: str = ""
+
+    def __init__(self, rank: int, world: int, device: torch.device):
+        self.rank, self.world, self.device = rank, world, device
+
+    @abstractmethod
+    def attach(self, model: nn.Module) -> nn.Module:
+        """Take ownership of ``model`` (already on ``self.device``); return the module to run forward on."""
+
+    @abstractmethod
+    def step(self, step: int) -> SyncStats:
+        """Synchronize after backward of ``step``; on return the parameters are updated everywhere."""
+
+    def close(self) -> None:
+        """Release sockets and process groups. Safe to call twice."""
+
+
+def make_local_sgd(params, optim: OptimConfig) -> torch.optim.SGD:
+    """The optimizer of every strategy that updates on the worker (and, per shard, on a PS server)."""
+    return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+
+
+def timed_update(optimizer: torch.optim.Optimizer, device: torch.device) -> float:
+    """Run ``optimizer.step()`` and return its wall time (device synchronized around it on GPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    optimizer.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+def grad_bytes(model: nn.Module) -> int:
+    """M: the bytes of one full set of gradients (trainable parameters only)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)

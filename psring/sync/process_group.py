@@ -1,0 +1,69 @@
+"""torch.distributed set-up from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+LOCAL_RANK), with the backend rule: NCCL when *every* worker has a CUDA device, gloo otherwise.
+
+The rule needs a vote, so the default group is always gloo (it also carries the vote); when every rank
+has a GPU, a second NCCL group over all ranks carries the gradients. Ranks therefore never disagree on
+the backend, which would otherwise hang the first collective.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class ProcessGroupInfo:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    group: object  # the process group gradients travel on (None = default group)
+
+
+def env_rank() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) from the environment; defaults describe a single process."""
+    try:
+        rank = int(os.environ.get("RANK", "0"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+    except ValueError as e:
+        raise RuntimeError(f"RANK/WORLD_SIZE/LOCAL_RANK must be integers: {e}") from None
+    if not 0 <= rank < world:
+        raise RuntimeError(f"RANK={rank} is outside 0..WORLD_SIZE-1 (WORLD_SIZE={world})")
+    return rank, world, local
+
+
+def local_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.device_count() > local_rank:
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_process_group(backend: str = "auto", timeout_s: float = 120.0) -> ProcessGroupInfo:
+    rank, world, local = env_rank()
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if var not in os.environ:
+            raise RuntimeError(f"{var} is not set; start workers with `psring train` or torchrun")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world, timeout=timeout)
+    has_gpu = torch.tensor([1 if local_device(local).type == "cuda" else 0])
+    dist.all_reduce(has_gpu, op=dist.ReduceOp.MIN)
+    all_gpu = bool(has_gpu.item())
+    if backend == "nccl" and not all_gpu:
+        raise RuntimeError("--backend nccl needs a CUDA device on every worker; at least one has none")
+    if backend == "nccl" or (backend == "auto" and all_gpu):
+        torch.cuda.set_device(local)
+        group = dist.new_group(backend="nccl", timeout=timeout)
+        return ProcessGroupInfo(rank, world, local, torch.device("cuda", local), "nccl", group)
+    return ProcessGroupInfo(rank, world, local, torch.device("cpu"), "gloo", None)
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

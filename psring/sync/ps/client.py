@@ -1,0 +1,62 @@
+"""The worker's side of the PS protocol: one DEALER socket per server, requests pipelined, every reply
+waited for with a timeout."""
+from __future__ import annotations
+
+import itertools
+
+import zmq
+
+from .protocol import PROTOCOL, decode_tensors, encode_tensors, pack_header, unpack_header
+
+
+class PSError(RuntimeError):
+    """A server answered with an error, or did not answer in time."""
+
+
+class PSClient:
+    def __init__(self, addrs: list[str], worker: int, timeout_s: float):
+        self.addrs, self.worker, self.timeout_ms = list(addrs), worker, int(timeout_s * 1000)
+        self.ctx = zmq.Context()
+        self.socks = []
+        for addr in self.addrs:
+            s = self.ctx.socket(zmq.DEALER)
+            s.linger = 0
+            s.connect(addr)
+            self.socks.append(s)
+        self._req = itertools.count()
+        self.bytes_sent = self.bytes_recv = 0
+
+    def send(self, server: int, header: dict, named=()) -> int:
+        """Send a request to ``server`` without waiting; returns its request id for ``recv``."""
+        req = next(self._req)
+        metas, frames = encode_tensors(list(named))
+        head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas})
+        self.bytes_sent += len(head) + sum(len(f) for f in frames)
+        # copy=False: gradient memory goes to the wire as is. The caller keeps the tensors unchanged
+        # until the reply to this or a later request of the same server arrived (the server has then
+        # received this message in full).
+        self.socks[server].send_multipart([head, *frames], copy=False)
+        return req
+
+    def recv(self, server: int, req: int):
+        """Wait for the reply to request ``req``; returns ``(header, [(key, tensor), ...])``."""
+        sock = self.socks[server]
+        if not sock.poll(self.timeout_ms):
+            raise PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
+                          f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
+        msg = sock.recv_multipart(copy=False)
+        self.bytes_recv += sum(len(f) for f in msg)
+        header = unpack_header(msg[0].buffer)
+        if header.get("req") != req:
+            raise PSError(f"PS server {server} answered request {header.get('req')!r}, expected {req}")
+        if not header.get("ok"):
+            raise PSError(f"PS server {server} ({self.addrs[server]}) refused request: {header.get('error')}")
+        return header, decode_tensors(header, [f.buffer for f in msg[1:]])
+
+    def call(self, server: int, header: dict, named=()):
+        return self.recv(server, self.send(server, header, named))
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close(linger=0)
+        self.ctx.term()

@@ -1,0 +1,157 @@
+"""A parameter-server process: one ROUTER socket in front of one ``ShardStore``.
+
+Start one per shard with ``psring server`` (the launcher does this for local runs). Example, two hosts::
+
+    host-a$ psring server --workers 4 --bind 0.0.0.0 --port 5555
+    host-b$ torchrun ... -m psring worker --sync ps --ps-addrs tcp://host-a:5555 ...
+
+Requests are handled one at a time in arrival order; a pull for a version not yet reached is parked and
+answered by the push that completes that version. A bad request gets an error reply and changes nothing,
+so the other workers are served on as if it never came.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import zmq
+
+from .protocol import PROTOCOL, ProtocolError, decode_tensors, encode_tensors, pack_header, unpack_header
+from .store import ShardStore
+
+log = logging.getLogger("psring.server")
+
+
+class ParameterServer:
+    def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0):
+        self.store = ShardStore(workers)
+        self.idle_timeout_s = idle_timeout_s
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.linger = 2000  # let the last replies (to "done") leave before the process exits
+        self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises, not drops
+        addr = f"tcp://{bind}"
+        if port == 0:
+            self.port = self.sock.bind_to_random_port(addr)
+        else:
+            self.sock.bind(f"{addr}:{port}")
+            self.port = port
+        self.address = f"tcp://{bind}:{self.port}"
+        self.parked: list[tuple[bytes, dict]] = []  # pulls waiting for their version
+        self.done: set[int] = set()
+        self.errors = 0
+        self.bytes_sent = self.bytes_recv = 0
+
+    # --- replies ---------------------------------------------------------------------------------
+    def _send(self, ident: bytes, header: dict, frames: list = ()) -> None:
+        head = pack_header(header)
+        self.bytes_sent += len(head) + sum(len(f) for f in frames)
+        try:
+            # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter is
+            # updated again only after every worker has pushed the next step, i.e. after every worker
+            # has received this reply in full.
+            self.sock.send_multipart([ident, head, *frames], copy=False)
+        except zmq.ZMQError as e:
+            log.warning("reply to a peer that is gone dropped: %s", e)
+
+    def _error(self, ident: bytes, req, msg: str) -> None:
+        self.errors += 1
+        log.warning("rejected request %r: %s", req, msg)
+        self._send(ident, {"ok": False, "req": req, "error": msg})
+
+    def _reply_params(self, ident: bytes, req) -> None:
+        metas, frames = encode_tensors(self.store.snapshot())
+        self._send(ident, {"ok": True, "req": req, "version": self.store.version, "tensors": metas}, frames)
+
+    # --- request handling -------------------------------------------------------------------------
+    def handle(self, ident: bytes, header_frame, frames: list) -> None:
+        req = None
+        try:
+            header = unpack_header(header_frame)
+            req = header.get("req")
+            if header.get("protocol", PROTOCOL) != PROTOCOL:
+                raise ProtocolError(f"protocol {header.get('protocol')!r} not supported (this server: {PROTOCOL})")
+            op = header.get("op")
+            if op == "push":
+                if self.store.push(header.get("worker"), header.get("step"), decode_tensors(header, frames)):
+                    self._serve_parked()
+                self._send(ident, {"ok": True, "req": req})
+            elif op == "pull":
+                version = header.get("version")
+                if not isinstance(version, int) or version < 0:
+                    raise ProtocolError(f"pull needs a non-negative int version, got {version!r}")
+                if frames:
+                    raise ProtocolError("a pull carries no tensor frames")
+                if self.store.version >= version:
+                    self._reply_params(ident, req)
+                else:
+                    self.parked.append((ident, header))
+            elif op == "init":
+                self.store.init(decode_tensors(header, frames), header.get("optim") or {})
+                self._send(ident, {"ok": True, "req": req})
+                self._serve_parked()
+            elif op == "done":
+                worker = header.get("worker")
+                if not (isinstance(worker, int) and 0 <= worker < self.store.workers):
+                    raise ProtocolError(f"worker id {worker!r} outside 0..{self.store.workers - 1}")
+                self.done.add(worker)
+                self._send(ident, {"ok": True, "req": req})
+            else:
+                raise ProtocolError(f"unknown op {op!r}; expected init, push, pull or done")
+        except ProtocolError as e:
+            self._error(ident, req, str(e))
+
+    def _serve_parked(self) -> None:
+        still = []
+        for ident, header in self.parked:
+            if self.store.version >= header["version"]:
+                self._reply_params(ident, header.get("req"))
+            else:
+                still.append((ident, header))
+        self.parked = still
+
+    def serve(self) -> int:
+        """Serve until every worker said done (0) or nothing arrived for ``idle_timeout_s`` (1)."""
+        last = time.monotonic()
+        while len(self.done) < self.store.workers:
+            if not self.sock.poll(500):
+                if time.monotonic() - last > self.idle_timeout_s:
+                    log.error("no request for %.0f s; exiting", self.idle_timeout_s)
+                    return 1
+                continue
+            last = time.monotonic()
+            msg = self.sock.recv_multipart(copy=False)
+            self.bytes_recv += sum(len(f) for f in msg[1:])
+            if len(msg) < 2:
+                continue  # an empty message has nobody to answer
+            self.handle(msg[0].bytes, msg[1].buffer, [f.buffer for f in msg[2:]])
+        return 0
+
+    def close(self) -> None:
+        self.sock.close()
+        self.ctx.term()
+
+
+def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
+               threads: int = 1) -> int:
+    """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
+    torch.set_num_threads(max(1, threads))
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    server = ParameterServer(workers, bind, port, idle_timeout_s)
+    try:
+        if port_file:  # atomic: the launcher never reads a half-written port
+            tmp = Path(f"{port_file}.tmp{os.getpid()}")
+            tmp.write_text(f"{server.address}\n")
+            tmp.rename(port_file)
+        log.info("serving %d workers at %s", workers, server.address)
+        rc = server.serve()
+        log.info("done: %d updates, %d rejected requests, %d B sent, %d B received",
+                 server.store.version, server.errors, server.bytes_sent, server.bytes_recv)
+        return rc
+    finally:
+        server.close()

@@ -1,0 +1,1 @@
+"""The shared computer-vision trainer: models, data and the training loop every strategy runs."""

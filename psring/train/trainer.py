@@ -1,0 +1,104 @@
+"""The training loop every strategy shares. It talks to the strategy only through ``Synchronizer``.
+
+Launch (see README): ``psring train ...`` starts everything on this machine; on several hosts start
+``psring worker`` with torchrun, e.g.::
+
+    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-endpoint HOST:29500 -m psring worker \\
+        --sync allreduce --workers 2 --model resnet18 --steps 100 --out runs/r18
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..config import TrainConfig
+from ..metrics.steps import PhaseClock, StepLog, StepRecord
+from ..sync import make_synchronizer
+from ..sync.process_group import destroy_process_group, env_rank
+from .data import ShardedBatches, build_dataset
+from .models import build_model
+
+
+def train(cfg: TrainConfig) -> None:
+    """Run this process's worker for ``cfg.steps`` steps; writes ``ranks/rank{r}.jsonl`` under ``cfg.out``."""
+    rank, world, _ = env_rank()
+    torch.set_num_threads(cfg.resolved_threads())
+    out = Path(cfg.out)
+    sync = make_synchronizer(cfg)
+    try:
+        data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed)
+        batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment)
+        model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
+        model.train()
+        clock = PhaseClock(sync.device)
+        with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
+            for step in range(cfg.steps):
+                t0 = clock.now()
+                x, y = batches.get(step)
+                x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
+                t1 = clock.now()
+                loss = F.cross_entropy(model(x), y)
+                t2 = clock.now()
+                model.zero_grad(set_to_none=False)
+                loss.backward()
+                t3 = clock.now()
+                st = sync.step(step)
+                t4 = clock.now()
+                rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
+                                 None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
+                                 st.bytes_sent, st.bytes_recv, len(y), time.time())
+                log.write(rec)
+                if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+                    print_step(rec, cfg)
+        if rank == 0:
+            save_model(getattr(model, "module", model), out / "model.pt")
+    finally:
+        sync.close()
+        destroy_process_group()
+    (out / "ranks" / f"rank{rank}.done").touch()
+
+
+def print_step(rec: StepRecord, cfg: TrainConfig) -> None:
+    sync = "     -   " if rec.sync_s is None else f"{rec.sync_s * 1e3:7.1f} ms"
+    print(f"[{cfg.sync:>9} N={cfg.workers}] step {rec.step:5d}/{cfg.steps}  loss {rec.loss:7.4f}  "
+          f"step {rec.step_s * 1e3:7.1f} ms  sync {sync}", flush=True)
+
+
+def save_model(model: torch.nn.Module, path: Path) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    torch.save(model.state_dict(), tmp)
+    tmp.rename(path)
+
+
+def main_worker(cfg: TrainConfig) -> int:
+    """Entry point of ``psring worker``: train, report a failure on one line (traceback above it in the
+    log), and on rank 0 outside the launcher (torchrun) merge the ranks' records."""
+    try:
+        train(cfg)
+    except Exception as e:  # noqa: BLE001 - turned into one line for the launcher, full traceback in the log
+        import traceback
+
+        traceback.print_exc()
+        rank = os.environ.get("RANK", "0")
+        print(f"psring worker {rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
+    if os.environ.get("PSRING_LAUNCHER") is None and env_rank()[0] == 0:
+        from ..metrics.summary import finalize_run
+
+        wait_for_ranks(Path(cfg.out), cfg.workers, cfg.timeout_s)
+        finalize_run(Path(cfg.out), cfg.to_dict())
+    return 0
+
+
+def wait_for_ranks(out: Path, workers: int, timeout_s: float) -> None:
+    """Under torchrun on one host (shared ``out``), wait until every rank marked its records complete."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all((out / "ranks" / f"rank{r}.done").exists() for r in range(workers)):
+            return
+        time.sleep(0.2)
