@@ -25,6 +25,7 @@ import torch
 
 PROTOCOL = 1
 MAX_HEADER_BYTES = 1 << 20
+MAX_DIMS, MAX_DIM = 16, 1 << 40  # generous for any real tensor; keeps torch's size arithmetic in range
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -77,8 +78,15 @@ def parse_meta(meta) -> tuple[str, torch.dtype, tuple[int, ...]]:
         raise ProtocolError(f"tensor key must be a string, got {type(key).__name__}")
     if dtype not in DTYPES:
         raise ProtocolError(f"tensor {key!r}: unknown dtype {dtype!r}")
-    if not (isinstance(shape, (list, tuple)) and all(isinstance(d, int) and d >= 0 for d in shape)):
-        raise ProtocolError(f"tensor {key!r}: shape must be a list of non-negative ints, got {shape!r:.80}")
+    if not (isinstance(shape, (list, tuple)) and len(shape) <= MAX_DIMS
+            and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)):
+        raise ProtocolError(f"tensor {key!r}: shape must be a list of at most {MAX_DIMS} ints in "
+                            f"0..{MAX_DIM}, got {shape!r:.80}")
+    extent = 1
+    for d in shape:  # even an empty tensor's strides must fit in int64
+        extent *= max(d, 1)
+    if extent > MAX_DIM:
+        raise ProtocolError(f"tensor {key!r}: shape {shape!r:.80} is too large")
     return key, DTYPES[dtype], tuple(shape)
 
 

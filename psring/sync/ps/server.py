@@ -82,7 +82,7 @@ class ParameterServer:
                 self._send(ident, {"ok": True, "req": req})
             elif op == "pull":
                 version = header.get("version")
-                if not isinstance(version, int) or version < 0:
+                if type(version) is not int or version < 0:
                     raise ProtocolError(f"pull needs a non-negative int version, got {version!r}")
                 if frames:
                     raise ProtocolError("a pull carries no tensor frames")
@@ -96,7 +96,7 @@ class ParameterServer:
                 self._serve_parked()
             elif op == "done":
                 worker = header.get("worker")
-                if not (isinstance(worker, int) and 0 <= worker < self.store.workers):
+                if not (type(worker) is int and 0 <= worker < self.store.workers):
                     raise ProtocolError(f"worker id {worker!r} outside 0..{self.store.workers - 1}")
                 self.done.add(worker)
                 self._send(ident, {"ok": True, "req": req})
@@ -104,6 +104,9 @@ class ParameterServer:
                 raise ProtocolError(f"unknown op {op!r}; expected init, push, pull or done")
         except ProtocolError as e:
             self._error(ident, req, str(e))
+        except Exception as e:  # noqa: BLE001 - one bad message must never take the shard down
+            log.exception("unexpected error handling a request")
+            self._error(ident, req if isinstance(req, (int, str)) else None, f"{type(e).__name__}: {e}")
 
     def _serve_parked(self) -> None:
         still = []

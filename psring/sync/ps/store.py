@@ -42,9 +42,10 @@ class ShardStore:
         keys = [k for k, _ in named]
         if len(set(keys)) != len(keys):
             raise ProtocolError("init lists a key twice")
-        for key, t in named:
+        for key, t in named:  # check everything first: a rejected init must leave no trace
             if not t.is_floating_point():
                 raise ProtocolError(f"init: parameter {key!r} has non-float dtype {t.dtype}")
+        for key, t in named:
             p = t.clone()
             p.grad = torch.zeros_like(p)
             self.params[key] = p
@@ -59,9 +60,9 @@ class ShardStore:
         """Raise ``ProtocolError`` unless the whole push is acceptable (so a bad push changes nothing)."""
         if not self.initialized:
             raise ProtocolError("push before init")
-        if not (isinstance(worker, int) and 0 <= worker < self.workers):
+        if not (type(worker) is int and 0 <= worker < self.workers):
             raise ProtocolError(f"worker id {worker!r} outside 0..{self.workers - 1}")
-        if step != self.version:
+        if type(step) is not int or step != self.version:
             raise ProtocolError(f"push for step {step!r} but this shard is at step {self.version} (BSP)")
         seen = set()
         for key, g in named:

@@ -1,0 +1,90 @@
+"""Shared helpers: run the ``psring`` CLI as a real subprocess (own process group, hard timeout) and
+make sure no process of a test's run survives the test, whatever happened in it."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+# Tests run the suite's processes on loopback; keep torch from oversubscribing the 2-core CI machine.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``text`` (e.g. a run's unique out dir)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((ln for ln in (d / "status").read_text().splitlines() if ln.startswith("State:")), "")
+        except OSError:
+            continue
+        if text in cmd and "zombie" not in state:
+            pids.append(int(d.name))
+    return pids
+
+
+def kill_mentioning(text: str) -> None:
+    for pid in processes_mentioning(text):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class Psring:
+    """Start ``python -m psring ...`` in its own session; ``reap`` kills whatever is left of it."""
+
+    def __init__(self, tmp_path: Path):
+        self.tmp = tmp_path
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, *args: str, **kw) -> subprocess.Popen:
+        p = subprocess.Popen([sys.executable, "-m", "psring", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def run(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+        p = self.start(*args)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            pytest.fail(f"psring {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}")
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+    def reap(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(10)
+        kill_mentioning(str(self.tmp))
+
+
+@pytest.fixture
+def psring(tmp_path):
+    runner = Psring(tmp_path)
+    yield runner
+    runner.reap()
+
+
+def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,75 @@
+"""The command line as a user meets it: bad input gets one line and exit 2; a run leaves its outputs;
+`psring compare` prints its table; the loss falls over 200 steps for every strategy."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sync", "gossip"], "--sync must be one of"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--model", "vgg"], "--model must be one of"),
+    (["--dataset", "imagenet"], "--dataset must be one of"),
+    (["--sync", "allreduce", "--servers", "2"], "--servers only applies to --sync ps"),
+    (["--lr", "-1"], "--lr must be > 0"),
+    (["--workers", "4", "--batch-size", "64", "--num-samples", "100"], "exceeds the data set"),
+    (["--out", "/proc/psring-cannot-write"], "cannot write to output directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
+    r = psring.run("train", *args, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_more_servers_than_parameters_fails_naming_the_problem(psring, tmp_path):
+    r = psring.run("train", "--sync", "ps", "--servers", "9", "--steps", "2", "--out", str(tmp_path / "r"))
+    assert r.returncode == 1
+    assert "9 servers for 8 parameters" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_train_writes_its_outputs(psring, tmp_path):
+    out = tmp_path / "run"
+    r = psring.run("train", "--sync", "ps", "--workers", "2", "--servers", "2", "--steps", "6",
+                   "--batch-size", "8", "--num-samples", "256", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["sync"] == "ps" and cfg["workers"] == 2 and len(cfg["ps_addrs"]) == 2
+    steps = pd.read_json(out / "steps.jsonl", lines=True)
+    assert len(steps) == 12 and set(steps["rank"]) == {0, 1}
+    for col in ("rank", "step", "loss", "step_s", "sync_s", "bytes_sent", "bytes_recv"):
+        assert col in steps.columns
+    assert (steps["bytes_sent"] > 0).all() and (steps["sync_s"] > 0).all()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["samples_per_s"] > 0 and summary["step_s_median"] > 0
+    assert summary["final_loss"] == pytest.approx(steps[steps.step == 5]["loss"].mean())
+    import torch
+
+    assert "fc2.weight" in torch.load(out / "model.pt")
+
+
+@pytest.mark.parametrize("sync,n", [("none", 1), ("allreduce", 2), ("ddp", 2), ("ps", 2)])
+def test_loss_falls_over_200_steps(psring, tmp_path, sync, n):
+    out = tmp_path / "run"
+    args = ["train", "--sync", sync, "--workers", str(n), "--steps", "200", "--batch-size", "32",
+            "--num-samples", "4096", "--out", str(out), "--log-every", "100"]
+    r = psring.run(*args + (["--servers", "2"] if sync == "ps" else []), timeout=400)
+    assert r.returncode == 0, r.stderr
+    loss = pd.read_json(out / "steps.jsonl", lines=True).groupby("step")["loss"].mean()
+    first, last = loss.iloc[:20].mean(), loss.iloc[-20:].mean()
+    assert last < 0.8 * first, f"{sync}: loss {first:.3f} -> {last:.3f}"
+
+
+def test_compare_prints_its_table(psring, tmp_path):
+    r = psring.run("compare", "--out", str(tmp_path / "cmp"), "--steps", "8", timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("strategy"))
+    rows = [ln.split() for ln in lines[head + 2:head + 5]]
+    assert [row[0] for row in rows] == ["none", "allreduce", "ps"]
+    assert [row[1] for row in rows] == ["1", "2", "2"]
+    assert rows[0][4] == "1.00x"
+    assert all(float(row[3]) > 0 for row in rows)

@@ -1,0 +1,333 @@
+"""Parameter-server tests: sharding, wire format, shard store, and a live server over ZeroMQ on loopback."""
+from __future__ import annotations
+
+import functools
+import threading
+
+import msgpack
+import pytest
+import torch
+import zmq
+
+from psring.sync.ps import protocol as P
+from psring.sync.ps.client import PSClient, PSError
+from psring.sync.ps.server import ParameterServer
+from psring.sync.ps.sharding import assign_shards
+from psring.sync.ps.store import ShardStore
+from psring.train.models import build_model
+
+LR = 0.1
+OPTIM = {"lr": LR, "momentum": 0.0, "weight_decay": 0.0}
+TIMEOUT_MS = 10_000
+
+
+# --- sharding --------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def model_sizes(name: str) -> tuple[int, ...]:
+    params = build_model(name, 0).parameters()
+    return tuple(p.numel() * p.element_size() for p in params if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet18"])
+@pytest.mark.parametrize("servers", [1, 2, 3, 4])
+def test_shards_partition_real_models_and_are_balanced(name, servers):
+    """Every parameter has exactly one owner in range, every server owns something, the loads sum to the
+    model's bytes, and max load - min load <= the largest parameter."""
+    sizes = list(model_sizes(name))
+    owner = assign_shards(sizes, servers)
+    assert len(owner) == len(sizes)
+    assert all(isinstance(s, int) and 0 <= s < servers for s in owner)
+    shards = [[i for i, s in enumerate(owner) if s == k] for k in range(servers)]
+    assert sorted(i for shard in shards for i in shard) == list(range(len(sizes)))  # a partition
+    assert all(shards), "a server owns no parameter"
+    loads = [sum(sizes[i] for i in shard) for shard in shards]
+    assert sum(loads) == sum(sizes)
+    assert max(loads) - min(loads) <= max(sizes)
+    assert assign_shards(list(sizes), servers) == owner  # deterministic
+
+
+def test_shards_follow_greedy_rule_with_low_index_ties():
+    """Largest first, to the least-loaded server, ties to the lower index (worked by hand)."""
+    assert assign_shards([5, 4, 3, 3, 1], 2) == [0, 1, 1, 0, 1]
+    assert assign_shards([4, 4, 4, 4], 2) == [0, 1, 0, 1]
+    assert assign_shards([7], 1) == [0]
+
+
+@pytest.mark.parametrize("sizes,servers", [([4, 4], 3), ([], 1), ([4], 0)])
+def test_shards_reject_impossible_server_counts(sizes, servers):
+    """More servers than parameters, or fewer than one server, is a ValueError."""
+    with pytest.raises(ValueError):
+        assign_shards(sizes, servers)
+
+
+# --- protocol --------------------------------------------------------------------------------------
+WIRE_DTYPES = {n: getattr(torch, n)
+               for n in "float32 float64 float16 bfloat16 int64 int32 int16 int8 uint8 bool".split()}
+
+
+def sample(dtype: torch.dtype, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Random bit patterns (NaN payloads included); floats also get an explicit NaN and -0.0."""
+    n = torch.Size(shape).numel()
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=gen).bool().view(shape)
+    t = torch.randint(0, 256, (n * dtype.itemsize,), dtype=torch.uint8, generator=gen).view(dtype)
+    if dtype.is_floating_point:
+        t[:2] = torch.tensor([-0.0, float("nan")][: min(n, 2)], dtype=dtype)
+    return t.view(shape)
+
+
+def raw(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def test_every_dtype_and_shape_round_trips_bit_exactly():
+    """All dtypes x {0-dim, empty, 3-d} in one message: header + bytes-copied frames decode to the same
+    keys, dtypes, shapes and bytes (NaN payloads and -0.0 included)."""
+    assert P.DTYPES == WIRE_DTYPES
+    gen = torch.Generator().manual_seed(0)
+    named = [(f"{name}{list(shape)}", sample(dt, shape, gen))
+             for name, dt in WIRE_DTYPES.items() for shape in [(), (0, 3), (2, 3, 5)]]
+    metas, frames = P.encode_tensors(named)
+    header = P.unpack_header(P.pack_header({"tensors": metas}))
+    decoded = P.decode_tensors(header, [bytes(f) for f in frames])  # the wire hands us copies
+    assert [k for k, _ in decoded] == [k for k, _ in named]
+    for (key, a), (_, b) in zip(named, decoded):
+        assert (b.dtype, b.shape) == (a.dtype, a.shape), key
+        assert torch.equal(raw(a), raw(b)), key
+    f32 = dict(decoded)["float32[2, 3, 5]"].reshape(-1)
+    assert torch.signbit(f32[0]) and f32[0] == 0 and torch.isnan(f32[1])
+
+
+def meta(dtype="float32", shape=(2,), key="a"):
+    return {"tensors": [[key, dtype, list(shape)]]}
+
+
+@pytest.mark.parametrize("header,frames", [
+    (meta(), [b"\0" * 7]),                                   # frame shorter than dtype x shape
+    (meta(), [b"\0" * 9]),                                   # frame longer
+    (meta(shape=()), [b""]),                                 # 0-dim needs one element
+    (meta(dtype="complex64"), [b"\0" * 16]),                 # unknown dtype
+    (meta(shape=(-1,)), [b""]),                              # negative dim
+    (meta(shape=(1.5,)), [b"\0" * 4]),                       # non-int dim
+    ({"tensors": [["a", "float32", "2"]]}, [b"\0" * 8]),     # shape not a list
+    (meta(key=1), [b"\0" * 8]),                              # key not a string
+    ({"tensors": [["a", "float32"]]}, [b"\0" * 8]),          # not a triple
+    ({"tensors": "a"}, [b"\0" * 8]),                         # tensors not a list
+    (meta(), []),                                            # fewer frames than tensors
+    (meta(), [b"\0" * 8, b"\0" * 8]),                        # more frames than tensors
+    ({}, [b"\0"]),                                           # frame with no tensor described
+])
+def test_decode_rejects_malformed_tensor_descriptions(header, frames):
+    """Every mismatch between the header's descriptions and the frames is a ProtocolError."""
+    with pytest.raises(P.ProtocolError):
+        P.decode_tensors(P.unpack_header(P.pack_header(header)), frames)
+
+
+@pytest.mark.parametrize("buf", [b"\xc1", P.pack_header({"op": "push", "tensors": []})[:-1],
+                                 msgpack.packb([1, 2]), msgpack.packb(3), msgpack.packb({1: 2}),
+                                 b"\x80" + b"\0" * P.MAX_HEADER_BYTES])
+def test_unpack_header_rejects_malformed_or_non_map(buf):
+    """Invalid msgpack, truncated msgpack, non-map headers, int map keys and oversized headers all raise
+    ProtocolError (the one exception the server turns into an error reply)."""
+    with pytest.raises(P.ProtocolError):
+        P.unpack_header(buf)
+
+
+@pytest.mark.parametrize("shape", [[0, 2**63], [0, 2**62, 4], [True, 2]])
+def test_decode_rejects_overflowing_or_bool_shapes(shape):
+    """A shape torch cannot build must be a ProtocolError, not a TypeError/RuntimeError that escapes
+    ParameterServer.handle and kills the serve loop."""
+    with pytest.raises(P.ProtocolError):
+        P.decode_tensors(meta(shape=shape), [b"" if 0 in shape else b"\0" * 8])
+
+
+# --- shard store -----------------------------------------------------------------------------------
+def new_store(workers=2):
+    store = ShardStore(workers)
+    store.init([("a", torch.ones(3)), ("b", torch.zeros(2, 2))], OPTIM)
+    return store
+
+
+def test_store_version_advances_only_when_every_key_has_every_workers_gradient():
+    """Pushes covering some keys (or some workers) leave the version alone; the last one advances it."""
+    store = new_store()
+    ga, gb = torch.full((3,), 2.0), torch.ones(2, 2)
+    assert store.push(0, 0, [("a", ga)]) is False and store.version == 0
+    assert store.push(1, 0, [("a", ga)]) is False and store.version == 0  # "a" updated, "b" not yet
+    assert store.push(0, 0, [("b", gb)]) is False and store.version == 0
+    assert store.push(1, 0, [("b", gb)]) is True and store.version == 1
+    assert torch.equal(store.params["a"], torch.ones(3) - LR * ga)
+    assert torch.equal(store.params["b"], torch.zeros(2, 2) - LR * gb)
+    with pytest.raises(P.ProtocolError, match="step 0"):  # step 0 is closed now
+        store.push(0, 0, [("a", ga)])
+
+
+def test_store_rejected_push_changes_nothing():
+    """A push whose first key is fine but second is bad is refused whole: nothing is accumulated."""
+    store = new_store()
+    with pytest.raises(P.ProtocolError, match="unknown key"):
+        store.push(0, 0, [("a", torch.ones(3)), ("zz", torch.ones(1))])
+    with pytest.raises(P.ProtocolError, match="expected"):
+        store.push(0, 0, [("a", torch.ones(3)), ("b", torch.ones(4))])
+    with pytest.raises(P.ProtocolError, match="twice"):
+        store.push(0, 0, [("a", torch.ones(3)), ("a", torch.ones(3))])
+    assert store.pushed == {"a": set(), "b": set()} and store.count == {"a": 0, "b": 0}
+    assert torch.equal(store.params["a"].grad, torch.zeros(3))
+
+
+def test_store_rejected_init_changes_nothing():
+    """An init refused for a non-float tensor must not leave keys that a later good init inherits."""
+    store = ShardStore(1)
+    with pytest.raises(P.ProtocolError, match="non-float"):
+        store.init([("a", torch.zeros(2)), ("i", torch.zeros(2, dtype=torch.int64))], OPTIM)
+    store.init([("c", torch.zeros(2))], OPTIM)
+    assert list(store.params) == ["c"]
+    assert store.push(0, 0, [("c", torch.ones(2))]) is True
+
+
+# --- live server -----------------------------------------------------------------------------------
+@pytest.fixture
+def server():
+    srv = ParameterServer(workers=2, port=0)
+    result = {}
+    srv.thread = thread = threading.Thread(target=lambda: result.setdefault("rc", srv.serve()), daemon=True)
+    srv.result = result
+    thread.start()
+    try:
+        yield srv
+    finally:
+        if thread.is_alive():  # the normal way out: both workers say done
+            closer = PSClient([srv.address], worker=0, timeout_s=5)
+            try:
+                for w in (0, 1):
+                    closer.call(0, {"op": "done", "worker": w})
+            except PSError:
+                pass
+            finally:
+                closer.close()
+        thread.join(5)
+        if thread.is_alive():  # fallback: the loop exits after 0.5 s without requests
+            srv.idle_timeout_s = -1
+            thread.join(5)
+        srv.close()
+        assert not thread.is_alive(), "server thread did not end"
+
+
+@pytest.fixture
+def clients(server):
+    made = [PSClient([server.address], worker=w, timeout_s=10) for w in (0, 1)]
+    try:
+        yield made
+    finally:
+        for c in made:
+            c.close()
+
+
+INIT = [("w", torch.randn(3, 4, generator=torch.Generator().manual_seed(1))), ("b", torch.arange(5.0))]
+
+
+def grads(seed: int) -> list[tuple[str, torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(k, torch.randn(p.shape, generator=gen)) for k, p in INIT]
+
+
+def sgd(params: dict, g0: list, g1: list) -> dict:
+    """The server's update, in float32 and in its order: p - lr * ((0 + g0 + g1) / 2)."""
+    return {k: params[k].clone().add_(torch.zeros_like(a).add_(a).add_(b).div_(2), alpha=-LR)
+            for (k, a), (_, b) in zip(g0, g1)}
+
+
+def step_both(clients, step: int, g0, g1) -> list[dict]:
+    """Both workers push ``step`` and pull ``step + 1``, pipelined like PSSync.step; returns the pulls."""
+    reqs = [(c.send(0, {"op": "push", "step": step}, g), c.send(0, {"op": "pull", "version": step + 1}))
+            for c, g in zip(clients, (g0, g1))]
+    pulled = []
+    for c, (push, pull) in zip(clients, reqs):
+        c.recv(0, push)
+        header, named = c.recv(0, pull)
+        assert header["version"] == step + 1
+        pulled.append({k: t.clone() for k, t in named})
+    return pulled
+
+
+def test_server_applies_mean_gradient_and_exits_when_all_done(server, clients):
+    """init -> two BSP steps -> both workers pull exactly p - lr * mean(grads); 'done' x2 ends serve()."""
+    c0, c1 = clients
+    c0.call(0, {"op": "init", "optim": OPTIM}, INIT)
+    expected = dict(INIT)
+    for step in range(2):
+        g0, g1 = grads(10 + step), grads(20 + step)
+        expected = sgd(expected, g0, g1)
+        for pulled in step_both(clients, step, g0, g1):
+            assert pulled.keys() == expected.keys()
+            assert all(torch.equal(pulled[k], expected[k]) for k in expected)
+    c0.call(0, {"op": "done"})
+    c1.call(0, {"op": "done"})
+    server.thread.join(10)
+    assert not server.thread.is_alive() and server.result["rc"] == 0
+
+
+def test_bad_requests_get_errors_and_change_nothing(server, clients):
+    """Each bad push is refused with the server's reason; the good workers' steps still come out exact."""
+    c0, c1 = clients
+    c0.call(0, {"op": "init", "optim": OPTIM}, INIT)
+    g0, g1 = grads(1), grads(2)
+    w, b = g0
+    bad = [
+        ({"step": 0}, [w, ("nope", torch.ones(1))], "unknown key"),
+        ({"step": 0}, [w, ("b", torch.ones(6))], "expected"),
+        ({"step": 0}, [w, ("b", b[1].double())], "expected"),
+        ({"step": 1}, g0, "step"),
+        ({"step": 0, "worker": 2}, g0, "outside"),
+        ({"step": 0, "worker": -1}, g0, "outside"),
+    ]
+    for extra, named, msg in bad:
+        with pytest.raises(PSError, match=msg):
+            c0.call(0, {"op": "push", **extra}, named)
+    c0.call(0, {"op": "push", "step": 0}, g0)
+    with pytest.raises(PSError, match="twice"):
+        c0.call(0, {"op": "push", "step": 0}, g0)  # duplicate: must not be added a second time
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.linger = 0
+    try:
+        dealer.connect(server.address)
+        for junk in (b"\xc1\xff", msgpack.packb([1, 2])):
+            dealer.send_multipart([junk])
+            assert dealer.poll(TIMEOUT_MS), "no reply to a malformed header"
+            reply = dealer.recv_multipart()
+            assert len(reply) == 1 and P.unpack_header(reply[0])["ok"] is False
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+    c1.call(0, {"op": "push", "step": 0}, g1)
+    expected = sgd(dict(INIT), g0, g1)
+    for c in clients:
+        _, named = c.call(0, {"op": "pull", "version": 1})
+        assert all(torch.equal(t, expected[k]) for k, t in named) and len(named) == len(expected)
+    with pytest.raises(PSError, match="step"):
+        c1.call(0, {"op": "push", "step": 0}, g1)  # stale step after the update
+    g0, g1 = grads(3), grads(4)
+    expected = sgd(expected, g0, g1)
+    for pulled in step_both(clients, 1, g0, g1):
+        assert all(torch.equal(pulled[k], expected[k]) for k in expected)
+    assert server.errors == len(bad) + 4
+
+
+def test_pull_of_future_version_waits_for_every_worker(server, clients):
+    """A pull for version 0 before init, or version 1 before the last push, is parked, not answered;
+    the request that reaches the version answers it."""
+    c0, c1 = clients
+    early = c1.send(0, {"op": "pull", "version": 0})
+    assert c1.socks[0].poll(300) == 0, "pull of version 0 answered before init"
+    c0.call(0, {"op": "init", "optim": OPTIM}, INIT)
+    header, named = c1.recv(0, early)
+    assert header["version"] == 0 and all(torch.equal(t, dict(INIT)[k]) for k, t in named)
+    g0, g1 = grads(5), grads(6)
+    c0.call(0, {"op": "push", "step": 0}, g0)
+    pull = c0.send(0, {"op": "pull", "version": 1})
+    assert c0.socks[0].poll(300) == 0, "pull of version 1 answered before worker 1 pushed"
+    c1.call(0, {"op": "push", "step": 0}, g1)
+    header, named = c0.recv(0, pull)  # waits up to 10 s
+    expected = sgd(dict(INIT), g0, g1)
+    assert header["version"] == 1 and all(torch.equal(t, expected[k]) for k, t in named)
