@@ -1,4 +1,4 @@
-"""The ``psring`` command. Sub-commands: train, worker, server, compare.
+"""The ``psring`` command. Sub-commands: train, worker, server, compare, sweep, bench.
 
 Errors a user can fix (bad flags, unwritable output, a failed process) end with one line on stderr and a
 non-zero exit (2 for bad input, 1 for a failed run, 130 for Ctrl-C); details stay in the run's logs/.
@@ -32,6 +32,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds any network wait may take before the run fails (default %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
     p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
     p.add_argument("--out", default=d.out, help="output directory (default %(default)s)")
 
 
@@ -39,7 +40,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(sync=a.sync, workers=a.workers, servers=a.servers, model=a.model, dataset=a.dataset,
                       num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
-                      warmup=a.warmup, log_every=a.log_every, out=a.out,
+                      warmup=a.warmup, log_every=a.log_every, out=a.out, trace=a.trace,
                       optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     return cfg.validate()
 
@@ -79,13 +80,44 @@ def cmd_server(a) -> int:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
-    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads)
+    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics)
 
 
 def cmd_compare(a) -> int:
     from .compare import run_compare
 
     return run_compare(a.out, steps=a.steps)
+
+
+def cmd_sweep(a) -> int:
+    from .sweep import run_sweep
+
+    df = run_sweep(a.file, a.out, echo=a.verbose)
+    failed = df[df["status"] != "ok"]
+    for r in failed.to_dict("records"):
+        print(f"psring: run {r['run_id']} failed: {r['error']}", file=sys.stderr)
+    return 1 if len(failed) else 0
+
+
+def cmd_bench(a) -> int:
+    from .bench.runner import parse_size, run_bench, size_range
+
+    try:
+        if a.sizes:
+            sizes = [parse_size(x) for x in a.sizes.split(",")]
+        else:
+            sizes = size_range(parse_size(a.min_size), parse_size(a.max_size), a.factor)
+        chunk = parse_size(a.chunk)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    strategies = [x for x in a.strategies.split(",") if x]
+    bad = set(strategies) - {"allreduce", "ps"}
+    if bad or not strategies:
+        raise ConfigError(f"--strategies takes allreduce and/or ps, got {a.strategies!r}")
+    if a.workers < 1 or a.iters < 1 or a.warmup < 0 or not sizes or a.factor < 2:
+        raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
+    run_bench(a.workers, sizes, strategies, a.out, a.warmup, a.iters, chunk)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,12 +141,32 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port-file", help="write the bound address here once listening")
     s.add_argument("--idle-timeout", type=float, default=600.0, help="exit if no request for this long (s)")
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--metrics", help="write the server's per-step figures here (JSON lines)")
     s.set_defaults(func=cmd_server)
 
     c = sub.add_parser("compare", help="none at N=1, allreduce and ps at N=2: a table of speedups")
     c.add_argument("--out", default="runs/compare")
-    c.add_argument("--steps", type=int, default=40)
+    c.add_argument("--steps", type=int, default=None, help="steps per run (default: as in quick.toml, 40)")
     c.set_defaults(func=cmd_compare)
+
+    sw = sub.add_parser("sweep", help="run every configuration of a sweep file; writes OUT/runs.csv")
+    sw.add_argument("file", help="a sweep file, e.g. experiments/scaling.toml")
+    sw.add_argument("--out", help="output directory (default results/NAME)")
+    sw.add_argument("--verbose", "-v", action="store_true", help="show each run's progress lines")
+    sw.set_defaults(func=cmd_sweep)
+
+    b = sub.add_parser("bench", help="synchronizers alone vs their raw transports, per message size")
+    b.add_argument("--workers", "-n", type=int, default=2)
+    b.add_argument("--strategies", default="allreduce,ps", help="comma-separated: allreduce, ps (S=1 and S=N)")
+    b.add_argument("--min-size", default="4K")
+    b.add_argument("--max-size", default="128M")
+    b.add_argument("--factor", type=int, default=4, help="size step between --min-size and --max-size")
+    b.add_argument("--sizes", help="explicit comma-separated sizes, e.g. 4K,1M,44M (overrides the range)")
+    b.add_argument("--warmup", type=int, default=5)
+    b.add_argument("--iters", type=int, default=20)
+    b.add_argument("--chunk", default="1M", help="frame size of the raw ZeroMQ echo (default %(default)s)")
+    b.add_argument("--out", default="results/bench")
+    b.set_defaults(func=cmd_bench)
     return p
 
 

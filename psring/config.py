@@ -56,6 +56,7 @@ class TrainConfig:
     timeout_s: float = 120.0  # every blocking network wait gives up after this long
     log_every: int = 10
     warmup: int = 3  # first steps left out of every summary figure
+    trace: bool = False  # also write trace.json (Chrome trace format) at the end of the run
     out: str = "runs/latest"
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
 

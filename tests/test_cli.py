@@ -44,7 +44,7 @@ def test_train_writes_its_outputs(psring, tmp_path):
         assert col in steps.columns
     assert (steps["bytes_sent"] > 0).all() and (steps["sync_s"] > 0).all()
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["samples_per_s"] > 0 and summary["step_s_median"] > 0
+    assert summary["samples_per_s"] > 0 and summary["step_s_p50"] > 0
     assert summary["final_loss"] == pytest.approx(steps[steps.step == 5]["loss"].mean())
     import torch
 

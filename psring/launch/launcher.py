@@ -47,20 +47,32 @@ def prepare_out(out: Path) -> None:
 
 def start_servers(cfg: TrainConfig, out: Path, kids: Children) -> list[str]:
     """Start ``cfg.servers`` PS processes on random ports; return their addresses once all listen."""
-    port_files = [out / "servers" / f"server{i}.addr" for i in range(cfg.servers)]
-    port_files[0].parent.mkdir(parents=True, exist_ok=True)
-    servers = []
-    for i, pf in enumerate(port_files):
+    specs = []
+    for i in range(cfg.servers):
+        pf = out / "servers" / f"server{i}.addr"
         argv = [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
-                "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60))]
-        servers.append(kids.spawn(f"server {i}", argv, child_env(threads=1), out / "logs" / f"server{i}.log"))
+                "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60)),
+                "--metrics", str(out / "servers" / f"server{i}.jsonl")]
+        specs.append((f"server {i}", argv, pf, out / "logs" / f"server{i}.log"))
+    return start_listeners(kids, specs)
+
+
+def start_listeners(kids: Children, specs: list[tuple[str, list[str], Path, Path]]) -> list[str]:
+    """Start processes that bind a random port and write their address to a port file
+    (``(name, argv, port_file, log)`` each); return the addresses once all of them listen."""
+    procs = []
+    for name, argv, pf, log in specs:
+        pf.parent.mkdir(parents=True, exist_ok=True)
+        pf.unlink(missing_ok=True)
+        procs.append(kids.spawn(name, argv, child_env(threads=1), log))
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-    while not all(pf.exists() for pf in port_files):
-        check_alive(servers)
+    while not all(pf.exists() for _, _, pf, _ in specs):
+        check_alive(procs)
         if time.monotonic() > deadline:
-            raise LaunchError(f"PS servers did not start within {SERVER_START_TIMEOUT_S:.0f} s; see {out}/logs")
+            raise LaunchError(f"{specs[0][0]} and co. did not start within {SERVER_START_TIMEOUT_S:.0f} s; "
+                              f"see {specs[0][3].parent}")
         time.sleep(0.05)
-    return [pf.read_text().strip() for pf in port_files]
+    return [pf.read_text().strip() for _, _, pf, _ in specs]
 
 
 def child_env(threads: int, **extra) -> dict:
@@ -70,7 +82,7 @@ def child_env(threads: int, **extra) -> dict:
     return env
 
 
-def start_workers(cfg: TrainConfig, out: Path, kids: Children) -> list[Child]:
+def start_workers(cfg: TrainConfig, out: Path, kids: Children, echo: bool = True) -> list[Child]:
     port = free_port()
     workers = []
     for r in range(cfg.workers):
@@ -78,7 +90,7 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children) -> list[Child]:
                         LOCAL_WORLD_SIZE=cfg.workers, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
         argv = [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
         workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
-                                  stdout_to_terminal=(r == 0)))
+                                  stdout_to_terminal=echo and r == 0))
     return workers
 
 
@@ -119,8 +131,9 @@ def _raise_interrupt(signum, _frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def launch(cfg: TrainConfig) -> dict:
-    """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process."""
+def launch(cfg: TrainConfig, echo: bool = True) -> dict:
+    """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process.
+    ``echo``: show rank 0's progress lines on this terminal (else they go to its log only)."""
     cfg.validate()
     out = Path(cfg.out)
     prepare_out(out)
@@ -132,7 +145,7 @@ def launch(cfg: TrainConfig) -> dict:
             cfg.ps_addrs = start_servers(cfg, out, kids)
             servers = kids.children[:]
         cfg.save(out / "config.json")
-        workers = start_workers(cfg, out, kids)
+        workers = start_workers(cfg, out, kids, echo)
         watch(workers, servers)
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:

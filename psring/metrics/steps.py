@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,6 +28,12 @@ class StepRecord:
     bytes_recv: int
     samples: int
     time: float  # wall clock (Unix seconds) at the end of the step
+    sync_phases: dict = field(default_factory=dict)  # e.g. push_s/wait_s/pull_s; written as own columns
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.update(d.pop("sync_phases"))
+        return d
 
 
 class StepLog:
@@ -36,7 +42,7 @@ class StepLog:
         self.f = open(path, "w", buffering=1)
 
     def write(self, rec: StepRecord) -> None:
-        self.f.write(json.dumps(asdict(rec)) + "\n")
+        self.f.write(json.dumps(rec.to_json()) + "\n")
 
     def close(self) -> None:
         self.f.close()

@@ -6,52 +6,74 @@ A step's wall time is the slowest worker's ``step_s`` (a synchronous step ends w
 from __future__ import annotations
 
 import json
-import statistics
+import math
 from pathlib import Path
+
+import pandas as pd
 
 from .steps import read_steps
 
-
-def _percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = (len(xs) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
+SYNC_PARTS = ["push_s", "wait_s", "pull_s", "pack_s", "allreduce_s", "unpack_s"]
+SERVER_PARTS = ["recv_s", "aggregate_s", "update_s", "send_s", "wait_slowest_s"]
 
 
-def summarize(records: list[dict], workers: int, warmup: int) -> dict:
-    steps = sorted({r["step"] for r in records})
-    by_step: dict[int, list[dict]] = {}
-    for r in records:
-        by_step.setdefault(r["step"], []).append(r)
-    complete = [s for s in steps if len(by_step[s]) == workers]
-    timed = [s for s in complete if s >= warmup] or complete[-1:]
-    wall = [max(r["step_s"] for r in by_step[s]) for s in timed]
-    samples = sum(sum(r["samples"] for r in by_step[s]) for s in timed)
-    timed_recs = [r for s in timed for r in by_step[s]]
-    sync = [r["sync_s"] for r in timed_recs]
-    step_total = sum(r["step_s"] for r in timed_recs)
-    last, first = complete[-1] if complete else None, complete[0] if complete else None
+def _num(x):
+    """JSON-safe number: NaN/inf (e.g. sync_s of ddp) become None."""
+    if x is None:
+        return None
+    x = float(x)
+    return None if math.isnan(x) or math.isinf(x) else x
 
-    def mean_loss(s):
-        return None if s is None else statistics.fmean(r["loss"] for r in by_step[s])
 
-    return {
+def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFrame | None = None) -> dict:
+    if steps.empty:
+        return {"steps_completed": 0}
+    per_step = steps.groupby("step")
+    complete = per_step.size()
+    complete = complete[complete == workers].index
+    timed_ids = [s for s in complete if s >= warmup] or list(complete[-1:])
+    timed = steps[steps["step"].isin(timed_ids)]
+    wall = timed.groupby("step")["step_s"].max()
+    step_total = timed["step_s"].sum()
+    out = {
         "steps_completed": len(complete),
         "warmup_steps": warmup,
-        "timed_steps": len(timed),
-        "samples_per_s": samples / sum(wall) if wall and sum(wall) > 0 else None,
-        "step_s_median": statistics.median(wall) if wall else None,
-        "step_s_p90": _percentile(wall, 0.9) if wall else None,
-        "sync_s_median": statistics.median(sync) if sync and None not in sync else None,
-        "sync_share": (sum(sync) / step_total) if sync and None not in sync and step_total > 0 else None,
-        "bytes_sent_per_step": statistics.fmean(r["bytes_sent"] for r in timed_recs) if timed_recs else None,
-        "bytes_recv_per_step": statistics.fmean(r["bytes_recv"] for r in timed_recs) if timed_recs else None,
-        "first_loss": mean_loss(first),
-        "final_loss": mean_loss(last),
+        "timed_steps": len(timed_ids),
+        "samples_per_s": _num(timed["samples"].sum() / wall.sum()) if wall.sum() > 0 else None,
+        "step_s_p50": _num(wall.quantile(0.5)),
+        "step_s_p90": _num(wall.quantile(0.9)),
+        "step_s_p99": _num(wall.quantile(0.99)),
+        "step_s_mean": _num(wall.mean()),
     }
+    for ph in PHASES + [p for p in SYNC_PARTS if p in steps.columns]:
+        col = pd.to_numeric(timed[ph], errors="coerce") if ph in timed else None
+        ok = col is not None and col.notna().all()
+        out[f"{ph}_p50"] = _num(col.median()) if ok else None
+        out[f"share_{ph[:-2]}"] = _num(col.sum() / step_total) if ok and step_total > 0 else None
+    out["sync_share"] = out["share_sync"]
+    out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
+    out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
+    if servers is not None and not servers.empty:
+        st = servers[servers["step"].isin(timed_ids)]
+        out["server_bytes_recv_per_step"] = _num(st["bytes_recv"].mean())
+        out["server_bytes_sent_per_step"] = _num(st["bytes_sent"].mean())
+        for ph in SERVER_PARTS:
+            out[f"server_{ph}_p50"] = _num(st[ph].median())
+        out["server_errors"] = int(servers["errors"].sum())
+    losses = steps[steps["step"].isin(complete)].groupby("step")["loss"].mean()
+    out["first_loss"] = _num(losses.iloc[0]) if len(losses) else None
+    out["final_loss"] = _num(losses.iloc[-1]) if len(losses) else None
+    return out
+
+
+def load_server_records(out: Path) -> pd.DataFrame:
+    frames = []
+    for f in sorted((Path(out) / "servers").glob("server*.jsonl")):
+        recs = read_steps(f)
+        if recs:
+            frames.append(pd.DataFrame(recs).assign(server=int(f.stem.removeprefix("server"))))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def finalize_run(out: Path, config: dict) -> dict:
@@ -66,8 +88,12 @@ def finalize_run(out: Path, config: dict) -> dict:
             f.write(json.dumps(r) + "\n")
     warmup = min(config.get("warmup", 3), max(0, config["steps"] - 1))
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
-    summary.update(summarize(records, config["workers"], warmup))
+    summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.rename(out / "summary.json")
+    if config.get("trace"):
+        from .trace import write_trace
+
+        write_trace(out)
     return summary

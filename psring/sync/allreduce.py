@@ -42,23 +42,28 @@ class AllReduceSync(Synchronizer):
         return model
 
     def step(self, step: int) -> SyncStats:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
+        clock = self._clock
+        t0 = clock()
         offset = 0
         for p in self.params:
             n = p.numel()
             self.flat[offset:offset + n].copy_(p.grad.reshape(-1))
             offset += n
+        t1 = clock()
         dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=self.pg.group)
         self.flat.div_(self.world)
+        t2 = clock()
         offset = 0
         for p in self.params:
             n = p.numel()
             p.grad.copy_(self.flat[offset:offset + n].view_as(p))
             offset += n
+        t3 = clock()
+        update_s = timed_update(self.optimizer, self.device)
+        return SyncStats(t3 - t0, update_s, self.wire_bytes, self.wire_bytes,
+                         {"pack_s": t1 - t0, "allreduce_s": t2 - t1, "unpack_s": t3 - t2})
+
+    def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        sync_s = time.perf_counter() - t0
-        update_s = timed_update(self.optimizer, self.device)
-        return SyncStats(sync_s, update_s, self.wire_bytes, self.wire_bytes)
+        return time.perf_counter()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -36,12 +36,14 @@ class SyncStats:
     sync_s: seconds spent communicating (sending, waiting for peers or servers, receiving).
     update_s: seconds of the optimizer update run on this worker (0 when servers update).
     bytes_sent / bytes_recv: payload bytes this worker put on / took off the wire for the step.
+    phases: named parts of sync_s (e.g. ps: push_s, wait_s, pull_s), each a column of steps.jsonl.
     """
 
-    sync_s: float = 0.0
+    sync_s: float | None = 0.0
     update_s: float = 0.0
     bytes_sent: int = 0
     bytes_recv: int = 0
+    phases: dict[str, float] = field(default_factory=dict)  # parts of sync_s a strategy can tell apart
 
 
 class Synchronizer(ABC):

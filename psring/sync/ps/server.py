@@ -21,13 +21,16 @@ import torch
 import zmq
 
 from .protocol import PROTOCOL, ProtocolError, decode_tensors, encode_tensors, pack_header, unpack_header
+from .server_metrics import StepMetrics
 from .store import ShardStore
 
 log = logging.getLogger("psring.server")
 
 
 class ParameterServer:
-    def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0):
+    def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0,
+                 metrics_path: str | None = None):
+        self.metrics_path = metrics_path
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
         self.ctx = zmq.Context()
@@ -45,11 +48,13 @@ class ParameterServer:
         self.done: set[int] = set()
         self.errors = 0
         self.bytes_sent = self.bytes_recv = 0
+        self.metrics = StepMetrics(self)
 
     # --- replies ---------------------------------------------------------------------------------
     def _send(self, ident: bytes, header: dict, frames: list = ()) -> None:
         head = pack_header(header)
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
+        t0 = time.perf_counter()
         try:
             # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter is
             # updated again only after every worker has pushed the next step, i.e. after every worker
@@ -57,6 +62,7 @@ class ParameterServer:
             self.sock.send_multipart([ident, head, *frames], copy=False)
         except zmq.ZMQError as e:
             log.warning("reply to a peer that is gone dropped: %s", e)
+        self.metrics.send_s += time.perf_counter() - t0
 
     def _error(self, ident: bytes, req, msg: str) -> None:
         self.errors += 1
@@ -77,7 +83,9 @@ class ParameterServer:
                 raise ProtocolError(f"protocol {header.get('protocol')!r} not supported (this server: {PROTOCOL})")
             op = header.get("op")
             if op == "push":
+                self.metrics.on_push()
                 if self.store.push(header.get("worker"), header.get("step"), decode_tensors(header, frames)):
+                    self.metrics.on_last_push()
                     self._serve_parked()
                 self._send(ident, {"ok": True, "req": req})
             elif op == "pull":
@@ -127,25 +135,31 @@ class ParameterServer:
                     return 1
                 continue
             last = time.monotonic()
+            t0 = time.perf_counter()
             msg = self.sock.recv_multipart(copy=False)
+            self.metrics.recv_s += time.perf_counter() - t0
             self.bytes_recv += sum(len(f) for f in msg[1:])
             if len(msg) < 2:
                 continue  # an empty message has nobody to answer
+            version = self.store.version
             self.handle(msg[0].bytes, msg[1].buffer, [f.buffer for f in msg[2:]])
+            if self.store.version != version and self.store.version > 0:
+                self.metrics.flush(step=self.store.version - 1)
         return 0
 
     def close(self) -> None:
+        self.metrics.close()
         self.sock.close()
         self.ctx.term()
 
 
 def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
-               threads: int = 1) -> int:
+               threads: int = 1, metrics_path: str | None = None) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    server = ParameterServer(workers, bind, port, idle_timeout_s)
+    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path)
     try:
         if port_file:  # atomic: the launcher never reads a half-written port
             tmp = Path(f"{port_file}.tmp{os.getpid()}")

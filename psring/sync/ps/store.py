@@ -23,7 +23,8 @@ class ShardStore:
         self.workers = workers
         self.version = -1  # -1 until rank 0's init arrives; then the number of updates applied
         self.params: dict[str, torch.Tensor] = {}
-        self.update_s = 0.0  # total optimizer time, for the server's own metrics
+        self.update_s = 0.0  # running totals for the server's own metrics
+        self.aggregate_s = 0.0
 
     @property
     def initialized(self) -> bool:
@@ -81,7 +82,9 @@ class ShardStore:
         self.check_push(worker, step, named)
         for key, g in named:
             p = self.params[key]
+            t0 = time.perf_counter()
             p.grad.add_(g)
+            self.aggregate_s += time.perf_counter() - t0
             self.pushed[key].add(worker)
             self.count[key] += 1
             if self.count[key] == self.workers:

@@ -66,21 +66,36 @@ class PSSync(Synchronizer):
                 params[key].copy_(t)
 
     def step(self, step: int) -> SyncStats:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t0 = time.perf_counter()
+        """Push every shard's gradients and ask for version step+1, pipelined over all servers; then
+        wait for the replies. push_s: handing the messages to ZeroMQ (plus device-to-host copies);
+        wait_s: until the replies arrived (transfer, aggregation, the slowest worker, the update);
+        pull_s: copying the new parameters into the model."""
+        t0 = self._clock()
         sent0, recv0 = self.client.bytes_sent, self.client.bytes_recv
         pushes, pulls = [], []
         for s, shard in enumerate(self.shards):
             pushes.append(self.client.send(s, {"op": "push", "step": step}, self._host(shard, grads=True)))
             pulls.append(self.client.send(s, {"op": "pull", "version": step + 1}))
+        t1 = self._clock()
+        wait_s = pull_s = 0.0
         for s in range(len(self.shards)):
+            ta = time.perf_counter()
             self.client.recv(s, pushes[s])
-            self._load(s, *self.client.recv(s, pulls[s]))
+            reply = self.client.recv(s, pulls[s])
+            tb = time.perf_counter()
+            self._load(s, *reply)
+            tc = self._clock()
+            wait_s += tb - ta
+            pull_s += tc - tb
+        t2 = self._clock()
+        return SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - sent0,
+                         bytes_recv=self.client.bytes_recv - recv0,
+                         phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s})
+
+    def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        return SyncStats(sync_s=time.perf_counter() - t0, update_s=0.0,
-                         bytes_sent=self.client.bytes_sent - sent0, bytes_recv=self.client.bytes_recv - recv0)
+        return time.perf_counter()
 
     def close(self) -> None:
         """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""

@@ -1,0 +1,1 @@
+"""``psring bench``: the synchronizers alone (no model), against their raw transports, per message size."""

@@ -1,0 +1,172 @@
+"""One bench worker (started by ``psring bench`` with torchrun's environment): for each message size,
+time a synchronizer's ``step`` and its raw transport side by side, in the same processes.
+
+Each timed iteration starts after a barrier; its time is the slowest worker's (a synchronous exchange
+ends when its last worker does); a size's figure is the median of ``iters`` iterations after ``warmup``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import zmq
+from torch import nn
+
+from ..config import OptimConfig
+from ..launch.children import Children
+from ..launch.launcher import start_listeners
+from ..sync.allreduce import AllReduceSync
+from ..sync.process_group import init_process_group
+from ..sync.ps.synchronizer import PSSync
+
+
+class FlatModel(nn.Module):
+    """``size`` bytes of float32 parameters in ``parts`` tensors (enough to shard over the servers)."""
+
+    def __init__(self, size: int, parts: int):
+        super().__init__()
+        numel = max(parts, size // 4)
+        counts = [numel // parts + (1 if i < numel % parts else 0) for i in range(parts)]
+        g = torch.Generator().manual_seed(0)
+        self.ps = nn.ParameterList([nn.Parameter(torch.randn(c, generator=g)) for c in counts])
+        for p in self.ps:
+            p.grad = torch.randn(p.shape, generator=g) * 1e-3
+
+
+def timed(fn, warmup: int, iters: int) -> list[float]:
+    """Per-iteration times (slowest rank), barrier-aligned; ``fn(i)`` returns its own time or None."""
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        own = fn(i)
+        t = own if own is not None else time.perf_counter() - t0
+        if i >= warmup:
+            times.append(t)
+    tt = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+    return tt.tolist()
+
+
+def echo_round(socks: list, payload: memoryview, chunk: int) -> None:
+    """Send ``payload`` split evenly over the echo servers, in pipelined ``chunk``-byte messages; wait
+    for every echo. This is the PS's traffic (M up, M down per worker) with none of its logic."""
+    per = math.ceil(len(payload) / len(socks))
+    counts = []
+    for s, sock in enumerate(socks):
+        part = payload[s * per:(s + 1) * per]
+        n = 0
+        for off in range(0, len(part), chunk):
+            sock.send(part[off:off + chunk], copy=False)
+            n += 1
+        counts.append(n)
+    for sock, n in zip(socks, counts):
+        for _ in range(n):
+            if not sock.poll(120_000):
+                raise TimeoutError("echo server did not answer within 120 s")
+            sock.recv(copy=False)
+
+
+def start_set(kids: Children, out: Path, kind: str, n: int, workers: int, tag: str) -> list[str]:
+    specs = []
+    for i in range(n):
+        pf = out / "addrs" / f"{tag}-{kind}{i}.addr"
+        argv = ([sys.executable, "-m", "psring.bench.echo", "--port-file", str(pf)] if kind == "echo" else
+                [sys.executable, "-m", "psring", "server", "--workers", str(workers), "--port-file", str(pf),
+                 "--idle-timeout", "300"])
+        specs.append((f"{kind} {i}", argv, pf, out / "logs" / f"{tag}-{kind}{i}.log"))
+    return start_listeners(kids, specs)
+
+
+def shared_addrs(rank: int, make, path: Path) -> list[str]:
+    """Rank 0 starts a set of listeners and publishes their addresses; everyone returns them."""
+    if rank == 0:
+        addrs = make()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(addrs))
+        tmp.rename(path)
+    dist.barrier()
+    return json.loads(path.read_text())
+
+
+def row(strategy: str, world: int, servers, size: int, times: list[float]) -> dict:
+    t = statistics.median(times)
+    algbw = size / t / 1e9
+    if strategy in ("allreduce", "raw_allreduce"):
+        factor = 2 * (world - 1) / world  # nccl-tests' bus bandwidth for all-reduce
+    else:
+        factor = max(1.0, world / servers)  # PS: the busiest link carries max(M, N*M/S) each way
+    return {"strategy": strategy, "workers": world, "servers": servers, "size_bytes": size, "time_s": t,
+            "time_p90": sorted(times)[int(0.9 * (len(times) - 1))], "algbw_GBps": algbw,
+            "busbw_GBps": algbw * factor, "iters": len(times)}
+
+
+def run(spec: dict) -> int:
+    torch.set_num_threads(1)
+    pg = init_process_group("gloo", spec.get("timeout_s", 300))
+    rank, world, out = pg.rank, pg.world, Path(spec["out"])
+    strategy, servers, rows = spec["strategy"], spec.get("servers", 1), []
+    kids = Children()
+    ctx = zmq.Context()
+    try:
+        if strategy == "ps":
+            addrs = shared_addrs(rank, lambda: start_set(kids, out, "echo", servers, world, f"s{servers}"),
+                                 out / "addrs" / f"s{servers}-echo.json")
+            socks = []
+            for a in addrs:
+                s = ctx.socket(zmq.DEALER)
+                s.linger = 0
+                s.connect(a)
+                socks.append(s)
+        for size in spec["sizes"]:
+            model = FlatModel(size, max(16, servers))
+            nbytes = sum(p.numel() * 4 for p in model.parameters())
+            if strategy == "allreduce":
+                flat = torch.randn(nbytes // 4)
+                raw = timed(lambda i: dist.all_reduce(flat), spec["warmup"], spec["iters"])
+                rows.append(row("raw_allreduce", world, None, nbytes, raw))
+                sync = AllReduceSync(pg, OptimConfig())
+                sync.attach(model)
+                rows.append(row("allreduce", world, None, nbytes,
+                                timed(lambda i: sync.step(i).sync_s, spec["warmup"], spec["iters"])))
+            else:
+                payload = memoryview(torch.randn(nbytes // 4).numpy()).cast("B")
+                raw = timed(lambda i: echo_round(socks, payload, spec["chunk_bytes"]), spec["warmup"], spec["iters"])
+                rows.append(row("raw_zmq_echo", world, servers, nbytes, raw))
+                tag = f"s{servers}-{size}"
+                addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
+                                     out / "addrs" / f"{tag}.json")
+                sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300))
+                sync.attach(model)
+                rows.append(row("ps", world, servers, nbytes,
+                                timed(lambda i: sync.step(i).sync_s, spec["warmup"], spec["iters"])))
+                sync.close()
+            if rank == 0:
+                print(f"  {strategy:>9} S={servers if strategy == 'ps' else '-'} {nbytes:>11,d} B: "
+                      f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2]['time_s'] * 1e3:9.3f} ms)", flush=True)
+        if rank == 0:
+            with open(out / f"{strategy}-s{servers}.jsonl", "w") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+        dist.barrier()
+    finally:
+        if strategy == "ps":
+            for s in socks:
+                s.close(linger=0)
+        ctx.term()
+        kids.stop_all(grace_s=2)
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    raise SystemExit(run(json.loads(Path(ap.parse_args().spec).read_text())))

@@ -1,0 +1,80 @@
+"""``trace.json``: a run's timeline in the Chrome trace event format (Perfetto, chrome://tracing).
+
+One process track per worker ("worker r") and per PS server ("server i"). Worker slices: one per step,
+with its phases (data, forward, backward, sync, update) nested under it and the sync phase split into
+its parts (ps: push, wait, pull). Server slices per step: waiting for the slowest worker (first push to
+last push) and the aggregation + update + replies that follow. Times are wall clock, microseconds.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .steps import read_steps
+from .summary import SYNC_PARTS
+
+WORKER_PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
+
+
+def _slice(name: str, pid: int, ts_s: float, dur_s: float, tid: int = 0, **args) -> dict:
+    return {"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": ts_s * 1e6, "dur": max(dur_s, 0) * 1e6,
+            "cat": "psring", "args": args}
+
+
+def _meta(pid: int, name: str, sort: int) -> list[dict]:
+    return [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": sort}}]
+
+
+def worker_events(steps: pd.DataFrame) -> list[dict]:
+    events = []
+    for rank in sorted(steps["rank"].unique()):
+        pid = int(rank)
+        events += _meta(pid, f"worker {rank}", pid)
+        for r in steps[steps["rank"] == rank].to_dict("records"):
+            start = r["time"] - r["step_s"]
+            events.append(_slice(f"step {r['step']}", pid, start, r["step_s"], loss=r["loss"]))
+            t = start
+            for ph in WORKER_PHASES:
+                dur = r.get(ph)
+                if dur is None or pd.isna(dur):
+                    continue
+                events.append(_slice(ph[:-2], pid, t, dur, step=r["step"]))
+                if ph == "sync_s":
+                    tp = t
+                    for part in SYNC_PARTS:
+                        if part in r and not pd.isna(r[part]):
+                            events.append(_slice(part[:-2], pid, tp, r[part], step=r["step"]))
+                            tp += r[part]
+                t += dur
+    return events
+
+
+def server_events(servers: pd.DataFrame, first_pid: int) -> list[dict]:
+    events = []
+    for i in sorted(servers["server"].unique()):
+        pid = first_pid + int(i)
+        events += _meta(pid, f"server {i}", pid)
+        for r in servers[servers["server"] == i].to_dict("records"):
+            if r.get("t_first_push") and r.get("t_last_push"):
+                events.append(_slice("wait for slowest worker", pid, r["t_first_push"],
+                                     r["t_last_push"] - r["t_first_push"], step=r["step"]))
+                events.append(_slice("update + reply", pid, r["t_last_push"], r["t_done"] - r["t_last_push"],
+                                     step=r["step"], update_s=r["update_s"], bytes_sent=r["bytes_sent"]))
+    return events
+
+
+def write_trace(out: Path) -> Path:
+    out = Path(out)
+    steps = pd.DataFrame(read_steps(out / "steps.jsonl"))
+    events = worker_events(steps) if not steps.empty else []
+    from .summary import load_server_records
+
+    servers = load_server_records(out)
+    if not servers.empty:
+        events += server_events(servers, first_pid=1000)
+    path = out / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    return path
