@@ -99,24 +99,47 @@ def cmd_sweep(a) -> int:
     return 1 if len(failed) else 0
 
 
+BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
+                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench"}
+
+
+def bench_settings(a) -> dict:
+    """Flags given on the command line win over the [bench] table of FILE, which wins over defaults."""
+    settings = dict(BENCH_DEFAULTS)
+    if a.file:
+        import tomllib
+
+        try:
+            table = tomllib.loads(open(a.file).read()).get("bench", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read bench file {a.file}: {e}") from None
+        unknown = set(table) - set(settings)
+        if unknown:
+            raise ConfigError(f"{a.file}: unknown key(s) in [bench]: {', '.join(sorted(unknown))}")
+        settings.update({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in table.items()})
+    settings.update({k: v for k, v in vars(a).items() if k in settings and v is not None})
+    return settings
+
+
 def cmd_bench(a) -> int:
     from .bench.runner import parse_size, run_bench, size_range
 
+    b = bench_settings(a)
     try:
-        if a.sizes:
-            sizes = [parse_size(x) for x in a.sizes.split(",")]
+        if b["sizes"]:
+            sizes = [parse_size(str(x)) for x in str(b["sizes"]).split(",")]
         else:
-            sizes = size_range(parse_size(a.min_size), parse_size(a.max_size), a.factor)
-        chunk = parse_size(a.chunk)
+            sizes = size_range(parse_size(str(b["min_size"])), parse_size(str(b["max_size"])), int(b["factor"]))
+        chunk = parse_size(str(b["chunk"]))
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    strategies = [x for x in a.strategies.split(",") if x]
+    strategies = [x for x in str(b["strategies"]).split(",") if x]
     bad = set(strategies) - {"allreduce", "ps"}
     if bad or not strategies:
-        raise ConfigError(f"--strategies takes allreduce and/or ps, got {a.strategies!r}")
-    if a.workers < 1 or a.iters < 1 or a.warmup < 0 or not sizes or a.factor < 2:
+        raise ConfigError(f"--strategies takes allreduce and/or ps, got {b['strategies']!r}")
+    if b["workers"] < 1 or b["iters"] < 1 or b["warmup"] < 0 or not sizes or b["factor"] < 2:
         raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
-    run_bench(a.workers, sizes, strategies, a.out, a.warmup, a.iters, chunk)
+    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk)
     return 0
 
 
@@ -156,16 +179,17 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     b = sub.add_parser("bench", help="synchronizers alone vs their raw transports, per message size")
-    b.add_argument("--workers", "-n", type=int, default=2)
-    b.add_argument("--strategies", default="allreduce,ps", help="comma-separated: allreduce, ps (S=1 and S=N)")
-    b.add_argument("--min-size", default="4K")
-    b.add_argument("--max-size", default="128M")
-    b.add_argument("--factor", type=int, default=4, help="size step between --min-size and --max-size")
+    b.add_argument("file", nargs="?", help="optional TOML with a [bench] table, e.g. experiments/message_size.toml")
+    b.add_argument("--workers", "-n", type=int, help="workers N (default 2)")
+    b.add_argument("--strategies", help="comma-separated: allreduce, ps (S=1 and S=N); default both")
+    b.add_argument("--min-size", help="default 4K")
+    b.add_argument("--max-size", help="default 128M")
+    b.add_argument("--factor", type=int, help="size step between --min-size and --max-size (default 4)")
     b.add_argument("--sizes", help="explicit comma-separated sizes, e.g. 4K,1M,44M (overrides the range)")
-    b.add_argument("--warmup", type=int, default=5)
-    b.add_argument("--iters", type=int, default=20)
-    b.add_argument("--chunk", default="1M", help="frame size of the raw ZeroMQ echo (default %(default)s)")
-    b.add_argument("--out", default="results/bench")
+    b.add_argument("--warmup", type=int, help="untimed iterations per size (default 5)")
+    b.add_argument("--iters", type=int, help="timed iterations per size (default 20)")
+    b.add_argument("--chunk", help="frame size of the raw ZeroMQ echo (default 1M)")
+    b.add_argument("--out", help="output directory (default results/bench)")
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -29,10 +29,13 @@ class StepRecord:
     samples: int
     time: float  # wall clock (Unix seconds) at the end of the step
     sync_phases: dict = field(default_factory=dict)  # e.g. push_s/wait_s/pull_s; written as own columns
+    messages: list | None = None  # with --trace: [name, start after sync began (s), duration (s)] each
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(d.pop("sync_phases"))
+        if d["messages"] is None:
+            del d["messages"]
         return d
 
 

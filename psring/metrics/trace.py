@@ -2,7 +2,8 @@
 
 One process track per worker ("worker r") and per PS server ("server i"). Worker slices: one per step,
 with its phases (data, forward, backward, sync, update) nested under it and the sync phase split into
-its parts (ps: push, wait, pull). Server slices per step: waiting for the slowest worker (first push to
+its parts (ps: push, wait, pull); a second row ("messages") has a slice per shard message (ps) or
+per all-reduce bucket. Server slices per step: waiting for the slowest worker (first push to
 last push) and the aggregation + update + replies that follow. Times are wall clock, microseconds.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ def _slice(name: str, pid: int, ts_s: float, dur_s: float, tid: int = 0, **args)
 
 def _meta(pid: int, name: str, sort: int) -> list[dict]:
     return [{"name": "process_name", "ph": "M", "pid": pid, "args": {"name": name}},
-            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": sort}}]
+            {"name": "process_sort_index", "ph": "M", "pid": pid, "args": {"sort_index": sort}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "phases"}},
+            {"name": "thread_name", "ph": "M", "pid": pid, "tid": 1, "args": {"name": "messages"}}]
 
 
 def worker_events(steps: pd.DataFrame) -> list[dict]:
@@ -43,6 +46,8 @@ def worker_events(steps: pd.DataFrame) -> list[dict]:
                     continue
                 events.append(_slice(ph[:-2], pid, t, dur, step=r["step"]))
                 if ph == "sync_s":
+                    for name, offset, mdur in r.get("messages") or []:  # per shard / bucket, own row
+                        events.append(_slice(name, pid, t + offset, mdur, tid=1, step=r["step"]))
                     tp = t
                     for part in SYNC_PARTS:
                         if part in r and not pd.isna(r[part]):

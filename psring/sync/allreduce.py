@@ -61,7 +61,8 @@ class AllReduceSync(Synchronizer):
         t3 = clock()
         update_s = timed_update(self.optimizer, self.device)
         return SyncStats(t3 - t0, update_s, self.wire_bytes, self.wire_bytes,
-                         {"pack_s": t1 - t0, "allreduce_s": t2 - t1, "unpack_s": t3 - t2})
+                         {"pack_s": t1 - t0, "allreduce_s": t2 - t1, "unpack_s": t3 - t2},
+                         messages=[["all_reduce bucket 0", t1 - t0, t2 - t1]])
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

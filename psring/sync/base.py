@@ -37,6 +37,7 @@ class SyncStats:
     update_s: seconds of the optimizer update run on this worker (0 when servers update).
     bytes_sent / bytes_recv: payload bytes this worker put on / took off the wire for the step.
     phases: named parts of sync_s (e.g. ps: push_s, wait_s, pull_s), each a column of steps.jsonl.
+    messages: the step's individual transfers (per shard, per bucket), for ``--trace`` timelines.
     """
 
     sync_s: float | None = 0.0
@@ -44,6 +45,7 @@ class SyncStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # parts of sync_s a strategy can tell apart
+    messages: list = field(default_factory=list)  # [name, start (s after sync began), duration] per message
 
 
 class Synchronizer(ABC):

@@ -51,7 +51,8 @@ def train(cfg: TrainConfig) -> None:
                 t4 = clock.now()
                 rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
                                  None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
-                                 st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases)
+                                 st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
+                                 st.messages if cfg.trace else None)
                 log.write(rec)
                 if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
                     print_step(rec, cfg)

@@ -72,12 +72,14 @@ class PSSync(Synchronizer):
         pull_s: copying the new parameters into the model."""
         t0 = self._clock()
         sent0, recv0 = self.client.bytes_sent, self.client.bytes_recv
-        pushes, pulls = [], []
+        pushes, pulls, sent_at = [], [], []
         for s, shard in enumerate(self.shards):
+            sent_at.append(time.perf_counter())
             pushes.append(self.client.send(s, {"op": "push", "step": step}, self._host(shard, grads=True)))
             pulls.append(self.client.send(s, {"op": "pull", "version": step + 1}))
         t1 = self._clock()
         wait_s = pull_s = 0.0
+        messages = []  # one per shard: from handing its push to ZeroMQ until its parameters arrived
         for s in range(len(self.shards)):
             ta = time.perf_counter()
             self.client.recv(s, pushes[s])
@@ -87,10 +89,11 @@ class PSSync(Synchronizer):
             tc = self._clock()
             wait_s += tb - ta
             pull_s += tc - tb
+            messages.append([f"push+pull shard {s}", sent_at[s] - t0, tb - sent_at[s]])
         t2 = self._clock()
         return SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - sent0,
                          bytes_recv=self.client.bytes_recv - recv0,
-                         phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s})
+                         phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s}, messages=messages)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
