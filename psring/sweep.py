@@ -79,8 +79,8 @@ def _resolve_servers(run: dict) -> dict:
 
 
 def run_id(run: dict, keys: list[str]) -> str:
-    defaults = TrainConfig()
-    return "_".join(f"{k}-{run.get(k, getattr(defaults, k, None))}" for k in keys)
+    d = TrainConfig()
+    return "_".join(f"{k}-{run.get(k, getattr(d.optim if k in OPTIM_KEYS else d, k, None))}" for k in keys)
 
 
 def make_config(run: dict, out: Path) -> TrainConfig:

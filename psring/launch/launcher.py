@@ -36,7 +36,7 @@ def prepare_out(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         for stale in ("ranks", "logs", "servers"):
             shutil.rmtree(out / stale, ignore_errors=True)
-        for stale in ("steps.jsonl", "summary.json", "model.pt"):
+        for stale in ("steps.jsonl", "summary.json", "model.pt", "trace.json", "config.json"):
             (out / stale).unlink(missing_ok=True)
         probe = out / ".write-test"
         probe.write_text("")

@@ -64,6 +64,9 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0) -> Proce
     return ProcessGroupInfo(rank, world, local, torch.device("cpu"), "gloo", None)
 
 
-def destroy_process_group() -> None:
+def destroy_process_group(barrier: bool = False) -> None:
+    """Tear down; with ``barrier``, first wait (bounded by the group's timeout) until every rank is here."""
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()

@@ -30,38 +30,44 @@ def train(cfg: TrainConfig) -> None:
     torch.set_num_threads(cfg.resolved_threads())
     out = Path(cfg.out)
     sync = make_synchronizer(cfg)
+    clean = False
     try:
-        data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed)
-        batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment)
-        model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
-        model.train()
-        clock = PhaseClock(sync.device)
-        with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
-            for step in range(cfg.steps):
-                t0 = clock.now()
-                x, y = batches.get(step)
-                x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
-                t1 = clock.now()
-                loss = F.cross_entropy(model(x), y)
-                t2 = clock.now()
-                model.zero_grad(set_to_none=False)
-                loss.backward()
-                t3 = clock.now()
-                st = sync.step(step)
-                t4 = clock.now()
-                rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
-                                 None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
-                                 st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
-                                 st.messages if cfg.trace else None)
-                log.write(rec)
-                if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
-                    print_step(rec, cfg)
-        if rank == 0:
-            save_model(getattr(model, "module", model), out / "model.pt")
+        run_steps(cfg, sync, rank, world, out)  # the model (and a DDP wrapper) is freed when this returns
+        clean = True
     finally:
         sync.close()
-        destroy_process_group()
+        destroy_process_group(barrier=clean)  # on success, leave together: no rank tears down mid-collective
     (out / "ranks" / f"rank{rank}.done").touch()
+
+
+def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
+    data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed)
+    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment)
+    model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
+    model.train()
+    clock = PhaseClock(sync.device)
+    with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
+        for step in range(cfg.steps):
+            t0 = clock.now()
+            x, y = batches.get(step)
+            x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
+            t1 = clock.now()
+            loss = F.cross_entropy(model(x), y)
+            t2 = clock.now()
+            model.zero_grad(set_to_none=False)
+            loss.backward()
+            t3 = clock.now()
+            st = sync.step(step)
+            t4 = clock.now()
+            rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
+                             None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
+                             st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
+                             st.messages if cfg.trace else None)
+            log.write(rec)
+            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+                print_step(rec, cfg)
+    if rank == 0:
+        save_model(getattr(model, "module", model), out / "model.pt")
 
 
 def print_step(rec: StepRecord, cfg: TrainConfig) -> None:
