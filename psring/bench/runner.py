@@ -36,11 +36,12 @@ def parse_size(text: str) -> int:
 
 
 def size_range(lo: int, hi: int, factor: int) -> list[int]:
+    """lo, lo*factor, ... and hi itself (4K..128M by 4 ends 16M, 64M, 128M)."""
     sizes, s = [], lo
-    while s <= hi:
+    while s < hi:
         sizes.append(s)
         s *= factor
-    return sizes
+    return sizes + [hi]
 
 
 def run_group(spec: dict, out: Path, workers: int, timeout_s: float) -> list[dict]:
@@ -108,6 +109,7 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
         rows += run_group(spec, out_dir, workers, timeout_s)
     df = add_efficiency(pd.DataFrame(rows))
     df.to_csv(out_dir / "bench.csv", index=False)
+    (out_dir / "bench.txt").write_text(format_table(df) + "\n")
     print()
     print(format_table(df))
     print(f"\nefficiency = raw transport time / strategy time (1.0 = the transport's limit); {out_dir / 'bench.csv'}")
