@@ -16,7 +16,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sync", default=d.sync, help="ps | allreduce | ddp | none (default %(default)s)")
     p.add_argument("--workers", "-n", type=int, default=d.workers, help="number of workers N")
     p.add_argument("--servers", "-s", type=int, default=d.servers, help="PS server processes S (--sync ps)")
-    p.add_argument("--model", default=d.model, help="cnn | resnet18 (default %(default)s)")
+    p.add_argument("--model", default=d.model, help="cnn | resnet18 | resnet18_narrow (default %(default)s)")
     p.add_argument("--dataset", default=d.dataset, help="synthetic (default)")
     p.add_argument("--num-samples", type=int, default=d.num_samples, help="size of the synthetic data set")
     p.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="per-worker batch size B")
@@ -32,6 +32,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds any network wait may take before the run fails (default %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
     p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25)")
+    p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first bucket, MB (default 1)")
+    p.add_argument("--no-overlap", action="store_false", dest="overlap",
+                   help="communicate only after backward (default: each bucket as soon as it is ready)")
     p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
     p.add_argument("--out", default=d.out, help="output directory (default %(default)s)")
 
@@ -41,6 +45,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
                       num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
                       warmup=a.warmup, log_every=a.log_every, out=a.out, trace=a.trace,
+                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap,
                       optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     return cfg.validate()
 

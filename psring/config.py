@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SYNCS = ("ps", "allreduce", "ddp", "none")
-MODELS = ("cnn", "resnet18")
+MODELS = ("cnn", "resnet18", "resnet18_narrow")
 DATASETS = ("synthetic",)
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -57,6 +57,9 @@ class TrainConfig:
     log_every: int = 10
     warmup: int = 3  # first steps left out of every summary figure
     trace: bool = False  # also write trace.json (Chrome trace format) at the end of the run
+    bucket_mb: float = 25.0  # gradient bucket size (allreduce and ps), like DDP's bucket_cap_mb
+    first_bucket_mb: float = 1.0  # smaller first bucket, so communication starts early in backward
+    overlap: bool = True  # start each bucket's communication during backward
     out: str = "runs/latest"
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
 
@@ -81,6 +84,8 @@ class TrainConfig:
         for name in ("workers", "batch_size", "steps", "num_samples", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if not (self.bucket_mb > 0 and self.first_bucket_mb > 0):
+            raise ConfigError(f"--bucket-mb and --first-bucket-mb must be > 0, got {self.bucket_mb}, {self.first_bucket_mb}")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         if self.threads < 0:

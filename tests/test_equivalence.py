@@ -9,10 +9,10 @@ B, STEPS = 16, 5
 TOL = 1e-5
 
 
-def train_args(out, sync, n, s=1, batch=B):
+def train_args(out, sync, n, s=1, batch=B, extra=()):
     args = ["train", "--sync", sync, "--workers", str(n), "--model", "cnn", "--batch-size", str(batch),
             "--steps", str(STEPS), "--seed", "3", "--num-samples", "512", "--lr", "0.05", "--out", str(out)]
-    return args + (["--servers", str(s)] if sync == "ps" else [])
+    return args + (["--servers", str(s)] if sync == "ps" else []) + list(extra)
 
 
 def max_rel_diff(a: dict, b: dict) -> float:
@@ -41,11 +41,16 @@ def reference(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("sync,n,s", [
-    ("ps", 2, 1), ("ps", 2, 2), ("allreduce", 2, 1), ("ddp", 2, 1), ("ps", 3, 2), ("allreduce", 3, 1),
+SMALL_BUCKETS = ("--bucket-mb", "0.1", "--first-bucket-mb", "0.01")  # many buckets, launched mid-backward
+
+
+@pytest.mark.parametrize("sync,n,s,extra", [
+    ("ps", 2, 1, ()), ("ps", 2, 2, ()), ("allreduce", 2, 1, ()), ("ddp", 2, 1, ()), ("ps", 3, 2, ()),
+    ("allreduce", 3, 1, ()), ("allreduce", 3, 1, SMALL_BUCKETS), ("ps", 3, 2, SMALL_BUCKETS),
+    ("allreduce", 2, 1, ("--no-overlap",)), ("ps", 2, 2, ("--no-overlap",)),
 ])
-def test_matches_single_process_on_global_batch(psring, tmp_path, reference, sync, n, s):
-    r = psring.run(*train_args(tmp_path / "run", sync, n, s))
+def test_matches_single_process_on_global_batch(psring, tmp_path, reference, sync, n, s, extra):
+    r = psring.run(*train_args(tmp_path / "run", sync, n, s, extra=extra))
     assert r.returncode == 0, r.stderr
     got = torch.load(tmp_path / "run" / "model.pt")
     ref = reference(n)

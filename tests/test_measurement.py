@@ -27,7 +27,7 @@ RUNS = {
 STALE_TRACE = json.dumps({"traceEvents": [], "displayTimeUnit": "ms", "stale": True})
 HEADER_SLACK = 2048  # bytes of msgpack headers allowed per (worker, server) link and step
 PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
-SYNC_PARTS = {"ps": ["push_s", "wait_s", "pull_s"], "allreduce": ["pack_s", "allreduce_s", "unpack_s"]}
+SYNC_PARTS = {"ps": ["push_s", "wait_s", "pull_s"], "allreduce": ["allreduce_wait_s"]}
 
 
 def grad_bytes_cnn() -> int:

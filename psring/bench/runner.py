@@ -92,19 +92,22 @@ def format_table(df: pd.DataFrame) -> str:
 
 
 def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, warmup: int = 5, iters: int = 20,
-              chunk_bytes: int = 1 << 20, timeout_s: float = 1800) -> pd.DataFrame:
+              chunk_bytes: int | list[int] = 1 << 20, timeout_s: float = 1800, model: str | None = None,
+              servers: list[int] | None = None) -> pd.DataFrame:
+    """``model``: bench that model's gradient set (its real tensor shapes) instead of each size;
+    ``chunk_bytes``: a list means the raw echo is timed at each and the fastest is kept."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = []
     if "allreduce" in strategies:
         groups.append({"strategy": "allreduce", "servers": 1})
     if "ps" in strategies:
-        groups += [{"strategy": "ps", "servers": s} for s in sorted({1, workers})]
+        groups += [{"strategy": "ps", "servers": s} for s in (servers or sorted({1, workers}))]
     rows = []
     for g in groups:
         print(f"== {g['strategy']}" + (f" S={g['servers']}" if g["strategy"] == "ps" else "") + f", N={workers}",
               flush=True)
-        spec = {**g, "sizes": sizes, "warmup": warmup, "iters": iters, "chunk_bytes": chunk_bytes,
+        spec = {**g, "sizes": [0] if model else sizes, "model": model, "warmup": warmup, "iters": iters, "chunk_bytes": chunk_bytes,
                 "out": str(out_dir), "timeout_s": min(timeout_s, 300)}
         rows += run_group(spec, out_dir, workers, timeout_s)
     df = add_efficiency(pd.DataFrame(rows))

@@ -14,7 +14,7 @@ import pandas as pd
 from .steps import read_steps
 
 PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
-SYNC_PARTS = ["push_s", "wait_s", "pull_s", "pack_s", "allreduce_s", "unpack_s"]
+SYNC_PARTS = ["push_s", "wait_s", "pull_s", "allreduce_wait_s"]
 SERVER_PARTS = ["recv_s", "aggregate_s", "update_s", "send_s", "wait_slowest_s"]
 
 

@@ -18,12 +18,13 @@ def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
         pg = init_process_group(cfg.backend, cfg.timeout_s)
         if cfg.sync == "allreduce":
             from .allreduce import AllReduceSync
-            return AllReduceSync(pg, cfg.optim)
+            return AllReduceSync(pg, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap)
         from .ddp import DDPSync
         return DDPSync(pg, cfg.optim)
     if cfg.sync == "ps":
         from .ps.synchronizer import PSSync
-        return PSSync(rank, world, local_device(local), cfg.ps_addrs, cfg.optim, cfg.timeout_s)
+        return PSSync(rank, world, local_device(local), cfg.ps_addrs, cfg.optim, cfg.timeout_s,
+                      cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap)
     if cfg.sync == "none":
         from .none import NoSync
         return NoSync(rank, world, local_device(local), cfg.optim)

@@ -1,8 +1,11 @@
 """``allreduce``: average the gradients with torch.distributed's all-reduce (a ring in gloo and NCCL),
 then every worker runs the same local SGD step, so parameters stay identical without ever being sent.
 
-All gradients are packed into one flat buffer and reduced with a single collective (no per-parameter
-collectives: their per-call latency dominates for small tensors), then unpacked in place.
+Gradients live in flat bucket buffers (``buckets.GradBuckets``: ``.grad`` are views into them, 25 MB
+buckets by default, a 1 MB first one). Each bucket's all-reduce starts asynchronously from inside
+backward the moment its last gradient is accumulated, so communication overlaps the rest of backward;
+``step`` only waits for what is still in flight, scales by 1/N and runs the optimizer. No
+per-parameter collectives: their per-call latency dominates for small tensors.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from torch import nn
 
 from ..config import OptimConfig
 from .base import Synchronizer, SyncStats, grad_bytes, make_local_sgd, timed_update
+from .buckets import Bucket, GradBuckets
 from .process_group import ProcessGroupInfo
 
 
@@ -27,42 +31,48 @@ def ring_bytes_per_worker(m: int, world: int) -> int:
 class AllReduceSync(Synchronizer):
     name = "allreduce"
 
-    def __init__(self, pg: ProcessGroupInfo, optim: OptimConfig):
+    def __init__(self, pg: ProcessGroupInfo, optim: OptimConfig, bucket_mb: float = 25.0,
+                 first_bucket_mb: float = 1.0, overlap: bool = True):
         super().__init__(pg.rank, pg.world, pg.device)
-        self.pg, self.optim_cfg = pg, optim
+        self.pg, self.optim_cfg, self.overlap = pg, optim, overlap
+        self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
 
     def attach(self, model: nn.Module) -> nn.Module:
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        for p in self.params:  # gradients must exist (zero) even if a parameter got none this step
-            p.grad = torch.zeros_like(p)
-        self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
-                                device=self.device)
+        self.buckets = GradBuckets(model.named_parameters(), self.cap, self.first_cap, self._on_ready, self.device)
+        self.inflight: list[tuple[Bucket, object]] = []
+        self.deferred: list[Bucket] = []
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
-        self.optimizer = make_local_sgd(self.params, self.optim_cfg)
+        self.optimizer = make_local_sgd([p for p in model.parameters() if p.requires_grad], self.optim_cfg)
         return model
 
+    def _on_ready(self, b: Bucket) -> None:
+        if not self.overlap:
+            self.deferred.append(b)
+            return
+        self._launch(b)
+
+    def _launch(self, b: Bucket) -> None:
+        b.launched_at = time.perf_counter()
+        self.inflight.append((b, dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True)))
+
     def step(self, step: int) -> SyncStats:
-        clock = self._clock
-        t0 = clock()
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            self.flat[offset:offset + n].copy_(p.grad.reshape(-1))
-            offset += n
-        t1 = clock()
-        dist.all_reduce(self.flat, op=dist.ReduceOp.SUM, group=self.pg.group)
-        self.flat.div_(self.world)
-        t2 = clock()
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            p.grad.copy_(self.flat[offset:offset + n].view_as(p))
-            offset += n
-        t3 = clock()
+        t0 = self._clock()
+        self.buckets.flush()
+        for b in self.deferred:
+            self._launch(b)
+        self.deferred.clear()
+        messages = []
+        for b, work in self.inflight:
+            work.wait()
+            b.flat.div_(self.world)
+            messages.append([f"all_reduce bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", b.launched_at - t0,
+                             time.perf_counter() - b.launched_at])
+        self.inflight.clear()
+        self.buckets.reset()
+        t1 = self._clock()
         update_s = timed_update(self.optimizer, self.device)
-        return SyncStats(t3 - t0, update_s, self.wire_bytes, self.wire_bytes,
-                         {"pack_s": t1 - t0, "allreduce_s": t2 - t1, "unpack_s": t3 - t2},
-                         messages=[["all_reduce bucket 0", t1 - t0, t2 - t1]])
+        return SyncStats(t1 - t0, update_s, self.wire_bytes, self.wire_bytes, {"allreduce_wait_s": t1 - t0},
+                         messages=messages)
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

@@ -3,6 +3,7 @@
 - ``cnn``: a small CNN *without* BatchNorm. Its gradient on a global batch is exactly the mean of the
   per-worker gradients, so it is the model of the equivalence tests.
 - ``resnet18``: ResNet-18, CIFAR variant (3x3 stem, no max-pool; He et al. 2016), 11,173,962 parameters.
+  ``resnet18_narrow``: the same with half the channels (width 32, 2.8 M parameters), for CPU benchmarks.
   BatchNorm statistics are per worker (as with DDP's default broadcast they would come from rank 0), so
   data-parallel training of it is not bit-equivalent to one process; use it for speed, not equivalence.
 """
@@ -66,7 +67,7 @@ class ResNet18(nn.Module):
 
 def build_model(name: str, seed: int) -> nn.Module:
     """The model ``name`` with weights initialised from ``seed`` (identical on every worker)."""
-    builders = {"cnn": SmallCNN, "resnet18": ResNet18}
+    builders = {"cnn": SmallCNN, "resnet18": ResNet18, "resnet18_narrow": lambda: ResNet18(width=32)}
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; choose one of {', '.join(builders)}")
     with torch.random.fork_rng(devices=[]):

@@ -3,6 +3,12 @@
 Each server owns whole parameters (``sharding.assign_shards``, balanced by bytes) and runs the SGD
 update for them; the worker runs no optimizer. Rank 0 initialises the servers with its (seeded) initial
 weights; every worker then pulls version 0, so all start from the servers' copy.
+
+Overlap: gradients live in per-server bucket buffers (``buckets.GradBuckets``; ``.grad`` are views
+into them). A bucket is pushed from inside backward as soon as its last gradient is accumulated; after a
+server's last bucket its pull for the next version is sent at once, so servers aggregate and update
+while backward still runs for other servers' parameters. Frames go to ZeroMQ without copies: the
+bucket's own memory (on GPU, a pinned host copy made asynchronously, then waited for).
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from torch import nn
 
 from ...config import OptimConfig
 from ..base import Synchronizer, SyncStats
+from ..buckets import Bucket, GradBuckets
 from .client import PSClient
 from .sharding import assign_shards
 
@@ -21,11 +28,12 @@ class PSSync(Synchronizer):
     name = "ps"
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
-                 timeout_s: float):
+                 timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True):
         super().__init__(rank, world, device)
         if not addrs:
             raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
-        self.addrs, self.optim_cfg, self.timeout_s = addrs, optim, timeout_s
+        self.addrs, self.optim_cfg, self.timeout_s, self.overlap = addrs, optim, timeout_s, overlap
+        self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         self.client = None
 
     def attach(self, model: nn.Module) -> nn.Module:
@@ -34,26 +42,55 @@ class PSSync(Synchronizer):
         self.shards: list[list[tuple[str, nn.Parameter]]] = [[] for _ in self.addrs]
         for (n, p), s in zip(named, owner):
             self.shards[s].append((n, p))
-            p.grad = torch.zeros_like(p)
+        self.buckets = GradBuckets(named, self.cap, self.first_cap, self._on_ready, self.device,
+                                   groups=[[n for n, _ in shard] for shard in self.shards])
+        self.per_server = [sum(1 for b in self.buckets.buckets if b.extra["group"] == s) for s in range(len(self.addrs))]
+        for b in self.buckets.buckets:
+            b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
+                b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
         self.client = PSClient(self.addrs, self.rank, self.timeout_s)
         if self.rank == 0:
             optim = {"lr": self.optim_cfg.lr, "momentum": self.optim_cfg.momentum,
                      "weight_decay": self.optim_cfg.weight_decay}
-            reqs = [self.client.send(s, {"op": "init", "optim": optim}, self._host(shard, grads=False))
+            reqs = [self.client.send(s, {"op": "init", "optim": optim},
+                                     [(n, p.detach().cpu().contiguous()) for n, p in shard])
                     for s, shard in enumerate(self.shards)]
             for s, req in enumerate(reqs):
                 self.client.recv(s, req)
-        self._pull(version=0)
-        return model
-
-    def _host(self, shard, grads: bool) -> list[tuple[str, torch.Tensor]]:
-        # On GPU this is a device-to-host copy; on CPU ``.cpu()`` returns the tensor itself (no copy).
-        return [(n, (p.grad if grads else p.detach()).cpu().contiguous()) for n, p in shard]
-
-    def _pull(self, version: int) -> None:
-        reqs = [self.client.send(s, {"op": "pull", "version": version}) for s in range(len(self.shards))]
+        reqs = [self.client.send(s, {"op": "pull", "version": 0}) for s in range(len(self.addrs))]
         for s, req in enumerate(reqs):
             self._load(s, *self.client.recv(s, req))
+        self.cur = 0
+        self._new_step()
+        return model
+
+    def _new_step(self) -> None:
+        self.acks = [[] for _ in self.addrs]
+        self.pulls: list[int | None] = [None] * len(self.addrs)
+        self.left = list(self.per_server)
+        self.deferred: list[Bucket] = []
+        self.messages = []
+
+    def _on_ready(self, b: Bucket) -> None:
+        if self.overlap:
+            self._push(b)
+        else:
+            self.deferred.append(b)
+
+    def _push(self, b: Bucket) -> None:
+        s, host = b.extra["group"], b.extra["host"]
+        t = time.perf_counter()
+        if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
+            host.copy_(b.flat, non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        named = [(n, host[o:o + p.numel()].view_as(p)) for n, p, o in zip(b.names, b.params, b.offsets)]
+        self.acks[s].append(self.client.send(s, {"op": "push", "step": self.cur}, named))
+        self.messages.append([t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)",
+                              time.perf_counter() - t])
+        self.left[s] -= 1
+        if self.left[s] == 0:  # this server has all of our gradients: ask for the update right away
+            self.pulls[s] = self.client.send(s, {"op": "pull", "version": self.cur + 1})
+            self.messages.append([time.perf_counter(), f"pull from server {s}", None])
 
     def _load(self, s: int, header: dict, named: list) -> None:
         params = dict(self.shards[s])
@@ -66,34 +103,43 @@ class PSSync(Synchronizer):
                 params[key].copy_(t)
 
     def step(self, step: int) -> SyncStats:
-        """Push every shard's gradients and ask for version step+1, pipelined over all servers; then
-        wait for the replies. push_s: handing the messages to ZeroMQ (plus device-to-host copies);
-        wait_s: until the replies arrived (transfer, aggregation, the slowest worker, the update);
+        """push_s: pushing what backward did not (all of it without overlap); wait_s: until every
+        server's acks and new parameters arrived (transfer, aggregation, the slowest worker, the update);
         pull_s: copying the new parameters into the model."""
+        if step != self.cur:
+            raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
         t0 = self._clock()
         sent0, recv0 = self.client.bytes_sent, self.client.bytes_recv
-        pushes, pulls, sent_at = [], [], []
-        for s, shard in enumerate(self.shards):
-            sent_at.append(time.perf_counter())
-            pushes.append(self.client.send(s, {"op": "push", "step": step}, self._host(shard, grads=True)))
-            pulls.append(self.client.send(s, {"op": "pull", "version": step + 1}))
+        self.buckets.flush()
+        for b in self.deferred:
+            self._push(b)
         t1 = self._clock()
         wait_s = pull_s = 0.0
-        messages = []  # one per shard: from handing its push to ZeroMQ until its parameters arrived
-        for s in range(len(self.shards)):
+        for s in range(len(self.addrs)):
             ta = time.perf_counter()
-            self.client.recv(s, pushes[s])
-            reply = self.client.recv(s, pulls[s])
+            for req in self.acks[s]:
+                self.client.recv(s, req)
+            reply = self.client.recv(s, self.pulls[s])
             tb = time.perf_counter()
             self._load(s, *reply)
             tc = self._clock()
             wait_s += tb - ta
             pull_s += tc - tb
-            messages.append([f"push+pull shard {s}", sent_at[s] - t0, tb - sent_at[s]])
+            self._close_pull_message(s, tb)
         t2 = self._clock()
-        return SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - sent0,
-                         bytes_recv=self.client.bytes_recv - recv0,
-                         phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s}, messages=messages)
+        stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - sent0,
+                          bytes_recv=self.client.bytes_recv - recv0,
+                          phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
+                          messages=[[name, t - t0, dur] for t, name, dur in self.messages])
+        self.buckets.reset()
+        self.cur += 1
+        self._new_step()
+        return stats
+
+    def _close_pull_message(self, s: int, arrived: float) -> None:
+        for m in self.messages:
+            if m[1] == f"pull from server {s}" and m[2] is None:
+                m[2] = arrived - m[0]
 
     def _clock(self) -> float:
         if self.device.type == "cuda":

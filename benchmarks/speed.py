@@ -1,0 +1,77 @@
+"""The Speed issue's targets, each a ratio of two figures measured side by side in this one run.
+
+    python benchmarks/speed.py [--out results/speed] [--steps 20] [--iters 20]
+
+P1  PS push+pull of ResNet-18's gradients (1 worker, 1 server, server update included)
+    / the best raw ZeroMQ echo of the same bytes (fastest of several frame sizes)      target <= 1.25
+P2  one flat dist.all_reduce of those bytes / the allreduce synchronizer on ResNet-18's
+    gradient set (N=2, gloo): the synchronizer's throughput relative to the raw one     target >= 0.90
+P3a training step time at N=2, resnet18_narrow, same batch and threads: allreduce / ddp target <= 1.00
+P3b the same: ps (S=2) / allreduce                                                      target <= 1.15
+
+Not a test: timings on a shared 2-core machine vary by 10-20% between runs; read the ratios, and rerun.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from psring.bench.runner import run_bench
+from psring.config import TrainConfig
+from psring.launch.launcher import launch
+
+KB, MB = 1 << 10, 1 << 20
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="results/speed")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20, help="training steps per P3 run (3 warm-up)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    a = ap.parse_args()
+    out = Path(a.out)
+    t0 = time.monotonic()
+
+    p1 = run_bench(1, [], ["ps"], str(out / "p1"), 5, a.iters, [256 * KB, MB, 4 * MB, 16 * MB], model="resnet18",
+                   servers=[1])
+    ps, echo = (p1[p1.strategy == s].iloc[0] for s in ("ps", "raw_zmq_echo"))
+    p2 = run_bench(2, [], ["allreduce"], str(out / "p2"), 5, a.iters, model="resnet18")
+    ar, raw = (p2[p2.strategy == s].iloc[0] for s in ("allreduce", "raw_allreduce"))
+
+    step = {}
+    for sync, servers in (("ddp", 1), ("allreduce", 1), ("ps", 2)):
+        cfg = TrainConfig(sync=sync, workers=2, servers=servers, model="resnet18_narrow", batch_size=a.batch_size,
+                          steps=a.steps, num_samples=2048, log_every=10, out=str(out / "p3" / sync))
+        step[sync] = launch(cfg, echo=False)["step_s_p50"]
+
+    rows = [
+        ("P1", "ps push+pull / best raw zmq echo (ResNet-18 grads, N=1, S=1)", ps.time_s / echo.time_s, "<=", 1.25,
+         f"{ps.time_s * 1e3:.1f} ms / {echo.time_s * 1e3:.1f} ms"),
+        ("P2", "allreduce sync throughput / flat dist.all_reduce (N=2, gloo)", raw.time_s / ar.time_s, ">=", 0.90,
+         f"{raw.time_s * 1e3:.1f} ms / {ar.time_s * 1e3:.1f} ms"),
+        ("P3a", "step time allreduce / ddp (N=2, resnet18_narrow)", step["allreduce"] / step["ddp"], "<=", 1.00,
+         f"{step['allreduce'] * 1e3:.0f} ms / {step['ddp'] * 1e3:.0f} ms"),
+        ("P3b", "step time ps S=2 / allreduce (N=2, resnet18_narrow)", step["ps"] / step["allreduce"], "<=", 1.15,
+         f"{step['ps'] * 1e3:.0f} ms / {step['allreduce'] * 1e3:.0f} ms"),
+    ]
+    df = pd.DataFrame(rows, columns=["target", "what", "ratio", "op", "bound", "figures"])
+    df["met"] = [(r <= b) if op == "<=" else (r >= b) for r, op, b in zip(df.ratio, df.op, df.bound)]
+    df.to_csv(out / "speed.csv", index=False)
+    (out / "machine.json").write_text(json.dumps({"cpus": __import__("os").cpu_count(), "machine": platform.machine(),
+                                                  "python": platform.python_version()}) + "\n")
+    print()
+    for r in df.to_dict("records"):
+        print(f"{r['target']:<4} {r['what']:<64} {r['ratio']:6.3f}  (target {r['op']} {r['bound']:.2f}: "
+              f"{'met' if r['met'] else 'NOT met'})  [{r['figures']}]")
+    print(f"\n{time.monotonic() - t0:.0f} s; {out / 'speed.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
