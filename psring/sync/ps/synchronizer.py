@@ -70,6 +70,8 @@ class PSSync(Synchronizer):
         self.left = list(self.per_server)
         self.deferred: list[Bucket] = []
         self.messages = []
+        # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
+        self.sent0, self.recv0 = self.client.bytes_sent, self.client.bytes_recv
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap:
@@ -109,7 +111,6 @@ class PSSync(Synchronizer):
         if step != self.cur:
             raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
         t0 = self._clock()
-        sent0, recv0 = self.client.bytes_sent, self.client.bytes_recv
         self.buckets.flush()
         for b in self.deferred:
             self._push(b)
@@ -127,8 +128,8 @@ class PSSync(Synchronizer):
             pull_s += tc - tb
             self._close_pull_message(s, tb)
         t2 = self._clock()
-        stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - sent0,
-                          bytes_recv=self.client.bytes_recv - recv0,
+        stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
+                          bytes_recv=self.client.bytes_recv - self.recv0,
                           phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
                           messages=[[name, t - t0, dur] for t, name, dur in self.messages])
         self.buckets.reset()
