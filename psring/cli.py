@@ -6,6 +6,7 @@ non-zero exit (2 for bad input, 1 for a failed run, 130 for Ctrl-C); details sta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .config import ConfigError, OptimConfig, TrainConfig
@@ -34,6 +35,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25)")
     p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first bucket, MB (default 1)")
+    p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame, KB (0 = one per tensor)")
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="communicate only after backward (default: each bucket as soon as it is ready)")
     p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
@@ -45,7 +47,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
                       num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
                       warmup=a.warmup, log_every=a.log_every, out=a.out, trace=a.trace,
-                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap,
+                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb,
                       optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
     return cfg.validate()
 
@@ -69,13 +71,18 @@ def cmd_worker(a) -> int:
         cfg.ps_addrs = [x for x in (a.ps_addrs or "").split(",") if x]
         if cfg.sync == "ps" and not cfg.ps_addrs:
             raise ConfigError("--sync ps under torchrun needs --ps-addrs tcp://HOST:PORT,... of running servers")
-        import os
         from pathlib import Path
 
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")
-    return main_worker(cfg)
+    rc = main_worker(cfg)
+    # Leave without C++ static destructors: at interpreter teardown torch.distributed's background threads
+    # occasionally abort a finished worker ("terminate called without an active exception", SIGABRT).
+    # Every output is closed and flushed by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 def cmd_server(a) -> int:
@@ -85,7 +92,8 @@ def cmd_server(a) -> int:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
-    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics)
+    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics,
+                      a.frame_kb * 1024 if a.frame_kb > 0 else None)
 
 
 def cmd_compare(a) -> int:
@@ -170,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--idle-timeout", type=float, default=600.0, help="exit if no request for this long (s)")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--metrics", help="write the server's per-step figures here (JSON lines)")
+    s.add_argument("--frame-kb", type=int, default=1024, help="split tensors over frames of at most this many KB")
     s.set_defaults(func=cmd_server)
 
     c = sub.add_parser("compare", help="none at N=1, allreduce and ps at N=2: a table of speedups")

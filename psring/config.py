@@ -60,6 +60,7 @@ class TrainConfig:
     bucket_mb: float = 25.0  # gradient bucket size (allreduce and ps), like DDP's bucket_cap_mb
     first_bucket_mb: float = 1.0  # smaller first bucket, so communication starts early in backward
     overlap: bool = True  # start each bucket's communication during backward
+    frame_kb: int = 1024  # ps: tensors are split over ZeroMQ frames of at most this size (0 = no split)
     out: str = "runs/latest"
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
 
@@ -86,6 +87,8 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not (self.bucket_mb > 0 and self.first_bucket_mb > 0):
             raise ConfigError(f"--bucket-mb and --first-bucket-mb must be > 0, got {self.bucket_mb}, {self.first_bucket_mb}")
+        if self.frame_kb < 0:
+            raise ConfigError(f"--frame-kb must be >= 0 (0 = one frame per tensor), got {self.frame_kb}")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
         if self.threads < 0:

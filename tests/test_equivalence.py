@@ -48,6 +48,7 @@ SMALL_BUCKETS = ("--bucket-mb", "0.1", "--first-bucket-mb", "0.01")  # many buck
     ("ps", 2, 1, ()), ("ps", 2, 2, ()), ("allreduce", 2, 1, ()), ("ddp", 2, 1, ()), ("ps", 3, 2, ()),
     ("allreduce", 3, 1, ()), ("allreduce", 3, 1, SMALL_BUCKETS), ("ps", 3, 2, SMALL_BUCKETS),
     ("allreduce", 2, 1, ("--no-overlap",)), ("ps", 2, 2, ("--no-overlap",)),
+    ("ps", 2, 2, ("--frame-kb", "4")),  # every large tensor split over many frames
 ])
 def test_matches_single_process_on_global_batch(psring, tmp_path, reference, sync, n, s, extra):
     r = psring.run(*train_args(tmp_path / "run", sync, n, s, extra=extra))

@@ -331,3 +331,69 @@ def test_pull_of_future_version_waits_for_every_worker(server, clients):
     header, named = c0.recv(0, pull)  # waits up to 10 s
     expected = sgd(dict(INIT), g0, g1)
     assert header["version"] == 1 and all(torch.equal(t, expected[k]) for k, t in named)
+
+
+# --- tensors split over several frames --------------------------------------------------------------
+def test_large_tensors_split_over_frames_round_trip_exactly():
+    """With ``max_frame``, a tensor larger than it travels as several frames (zero-copy slices) and is
+    rebuilt bit-exactly: joined, added into, or copied into a destination."""
+    t = torch.randn(1000)
+    small = torch.arange(6, dtype=torch.float64).view(2, 3)
+    metas, frames = P.encode_tensors([("big", t), ("small", small)], max_frame=1000)
+    assert metas[0][3] == 4 and len(metas[1]) == 3 and len(frames) == 5  # 4000 B -> 4 frames of <= 1000 B
+    header = P.unpack_header(P.pack_header({"tensors": metas}))
+    (k1, big), (k2, sm) = P.decode_tensors(header, [bytes(f) for f in frames])
+    assert (k1, k2) == ("big", "small") and isinstance(big, P.Pieces) and torch.equal(sm, small)
+    assert big.shape == t.shape and big.dtype == t.dtype
+    assert torch.equal(big.join(), t)
+    acc = torch.ones(1000)
+    big.add_into(acc)
+    assert torch.equal(acc, torch.ones(1000) + t)
+    dst = torch.empty(1000)
+    big.copy_into(dst)
+    assert torch.equal(dst, t)
+
+
+@pytest.mark.parametrize("split,nframes", [([400, 400, 400], 3), ([4000], 2), ([1000, 1000, 1000, 999, 1], 5)])
+def test_split_frames_that_do_not_add_up_are_refused(split, nframes):
+    """Frames of a split tensor must hold exactly its items, each a whole number of items."""
+    header = {"tensors": [["big", "float32", [1000], nframes]]}
+    frames = [b"\0" * n for n in split]
+    with pytest.raises(P.ProtocolError):
+        P.decode_tensors(header, frames)
+
+
+def test_live_server_aggregates_split_tensors_exactly(server):
+    """A server with 1 KB frames: pushes and pulls of tensors split over many frames give exact results."""
+    server.frame_bytes = 1024
+    init = torch.randn(3000)
+    c0, c1 = PSClient([server.address], 0, 10, frame_bytes=1024), PSClient([server.address], 1, 10, frame_bytes=1024)
+    try:
+        c0.call(0, {"op": "init", "optim": OPTIM}, [("w", init)])
+        g0, g1 = torch.randn(3000), torch.randn(3000)
+        reqs = [(c, c.send(0, {"op": "push", "step": 0}, [("w", g)]), c.send(0, {"op": "pull", "version": 1}))
+                for c, g in ((c0, g0), (c1, g1))]
+        for c, push, pull in reqs:
+            c.recv(0, push)
+            _, [(key, got)] = c.recv(0, pull)
+            assert key == "w" and isinstance(got, P.Pieces)
+            expected = init.clone().add_((torch.zeros(3000) + g0 + g1).div_(2), alpha=-LR)  # the server's sums
+            assert torch.equal(got.join(), expected)
+    finally:
+        c0.close()
+        c1.close()
+
+
+def test_store_sgd_is_bit_exact_with_torch_sgd():
+    """The server's in-place SGD (momentum, weight decay) equals torch.optim.SGD bit for bit over steps."""
+    torch.manual_seed(0)
+    init, grads = torch.randn(1000), [torch.randn(1000) for _ in range(4)]
+    store = ShardStore(1)
+    store.init([("w", init)], {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4})
+    p = torch.nn.Parameter(init.clone())
+    opt = torch.optim.SGD([p], lr=0.05, momentum=0.9, weight_decay=5e-4)
+    for t, g in enumerate(grads):
+        store.push(0, t, [("w", g)])
+        p.grad = g.clone()
+        opt.step()
+        assert torch.equal(store.params["w"], p.detach()), f"step {t}"

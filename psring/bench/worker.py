@@ -41,16 +41,18 @@ class FlatModel(nn.Module):
             p.grad = torch.randn(p.shape, generator=g) * 1e-3
 
 
-def timed(fn, warmup: int, iters: int) -> list[float]:
-    """Per-iteration times (slowest rank), barrier-aligned; ``fn(i)`` returns its own time or None."""
-    times = []
+def timed(fns: list, warmup: int, iters: int) -> list[list[float]]:
+    """Per-iteration times of each ``fns[k](i)`` (which may return its own time, else wall time is used),
+    interleaved: iteration i runs every fn once, each after a barrier, so a strategy and its raw
+    transport see the same machine conditions. Each time is the slowest rank's."""
+    times = [[] for _ in fns]
     for i in range(warmup + iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        own = fn(i)
-        t = own if own is not None else time.perf_counter() - t0
-        if i >= warmup:
-            times.append(t)
+        for k, fn in enumerate(fns):
+            dist.barrier()
+            t0 = time.perf_counter()
+            own = fn(i)
+            if i >= warmup:
+                times[k].append(own if own is not None else time.perf_counter() - t0)
     tt = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(tt, op=dist.ReduceOp.MAX)
     return tt.tolist()
@@ -134,25 +136,24 @@ def run(spec: dict) -> int:
             nbytes = sum(p.numel() * 4 for p in model.parameters())
             if strategy == "allreduce":
                 flat = torch.randn(nbytes // 4)
-                raw = timed(lambda i: dist.all_reduce(flat), spec["warmup"], spec["iters"])
-                rows.append(row("raw_allreduce", world, None, nbytes, raw))
                 sync = AllReduceSync(pg, OptimConfig())
                 sync.attach(model)
-                rows.append(row("allreduce", world, None, nbytes,
-                                timed(lambda i: sync.step(i).sync_s, spec["warmup"], spec["iters"])))
+                raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
+                                  spec["warmup"], spec["iters"])
+                rows.append(row("raw_allreduce", world, None, nbytes, raw))
+                rows.append(row("allreduce", world, None, nbytes, mine))
             else:
                 payload = memoryview(torch.randn(nbytes // 4).numpy()).cast("B")
                 chunks = spec["chunk_bytes"] if isinstance(spec["chunk_bytes"], list) else [spec["chunk_bytes"]]
-                best = min((timed(lambda i: echo_round(socks, payload, c), spec["warmup"], spec["iters"]) for c in chunks),
-                           key=statistics.median)  # the transport's best: the fastest frame size
-                rows.append(row("raw_zmq_echo", world, servers, nbytes, best))
                 tag = f"s{servers}-{size}"
                 addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
                                      out / "addrs" / f"{tag}.json")
                 sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300))
                 sync.attach(model)
-                rows.append(row("ps", world, servers, nbytes,
-                                timed(lambda i: sync.step(i).sync_s, spec["warmup"], spec["iters"])))
+                echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
+                *raws, mine = timed(echoes + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
+                rows.append(row("raw_zmq_echo", world, servers, nbytes, min(raws, key=statistics.median)))
+                rows.append(row("ps", world, servers, nbytes, mine))  # (the transport's best frame size above)
                 sync.close()
             if rank == 0:
                 print(f"  {strategy:>9} S={servers if strategy == 'ps' else '-'} {nbytes:>11,d} B: "

@@ -4,7 +4,8 @@ then every worker runs the same local SGD step, so parameters stay identical wit
 Gradients live in flat bucket buffers (``buckets.GradBuckets``: ``.grad`` are views into them, 25 MB
 buckets by default, a 1 MB first one). Each bucket's all-reduce starts asynchronously from inside
 backward the moment its last gradient is accumulated, so communication overlaps the rest of backward;
-``step`` only waits for what is still in flight, scales by 1/N and runs the optimizer. No
+``step`` only waits for what is still in flight (each bucket is scaled by 1/N as it completes)
+and runs the optimizer. No
 per-parameter collectives: their per-call latency dominates for small tensors.
 """
 from __future__ import annotations
@@ -53,7 +54,11 @@ class AllReduceSync(Synchronizer):
 
     def _launch(self, b: Bucket) -> None:
         b.launched_at = time.perf_counter()
-        self.inflight.append((b, dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True)))
+        work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True)
+        # Scale by 1/N in the completion callback (as DDP's allreduce_hook does), so a bucket's division
+        # overlaps the next bucket's communication instead of running after all of them.
+        fut = work.get_future().then(lambda f, flat=b.flat: [flat.div_(self.world)])
+        self.inflight.append((b, fut))
 
     def step(self, step: int) -> SyncStats:
         t0 = self._clock()
@@ -62,9 +67,8 @@ class AllReduceSync(Synchronizer):
             self._launch(b)
         self.deferred.clear()
         messages = []
-        for b, work in self.inflight:
-            work.wait()
-            b.flat.div_(self.world)
+        for b, fut in self.inflight:
+            fut.wait()
             messages.append([f"all_reduce bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", b.launched_at - t0,
                              time.perf_counter() - b.launched_at])
         self.inflight.clear()

@@ -14,8 +14,9 @@ class PSError(RuntimeError):
 
 
 class PSClient:
-    def __init__(self, addrs: list[str], worker: int, timeout_s: float):
+    def __init__(self, addrs: list[str], worker: int, timeout_s: float, frame_bytes: int | None = 1 << 20):
         self.addrs, self.worker, self.timeout_ms = list(addrs), worker, int(timeout_s * 1000)
+        self.frame_bytes = frame_bytes
         self.ctx = zmq.Context()
         self.socks = []
         for addr in self.addrs:
@@ -29,7 +30,7 @@ class PSClient:
     def send(self, server: int, header: dict, named=()) -> int:
         """Send a request to ``server`` without waiting; returns its request id for ``recv``."""
         req = next(self._req)
-        metas, frames = encode_tensors(list(named))
+        metas, frames = encode_tensors(list(named), self.frame_bytes)
         head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas})
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
         # copy=False: gradient memory goes to the wire as is. The caller keeps the tensors unchanged

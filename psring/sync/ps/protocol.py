@@ -3,8 +3,9 @@
 Request  (worker -> server, DEALER -> ROUTER):  [header, tensor_0, tensor_1, ...]
 Reply    (server -> worker):                    [header, tensor_0, ...]
 
-The header is a small msgpack map. Tensors are described in it as ``[key, dtype, shape]`` triples, in
-frame order; their bytes travel as raw frames (C-contiguous, native little-endian) and are never pickled:
+The header is a small msgpack map. Tensors are described in it as ``[key, dtype, shape]`` triples
+(``[key, dtype, shape, nframes]`` when a large tensor is split over several frames), in frame order;
+their bytes travel as raw frames (C-contiguous, native little-endian) and are never pickled:
 a frame is turned back into a tensor with ``torch.frombuffer`` after its length was checked against the
 declared dtype and shape. "We must never load untrusted pickles" (pyzmq, examples/serialization).
 
@@ -25,7 +26,7 @@ import torch
 
 PROTOCOL = 1
 MAX_HEADER_BYTES = 1 << 20
-MAX_DIMS, MAX_DIM = 16, 1 << 40  # generous for any real tensor; keeps torch's size arithmetic in range
+MAX_DIMS, MAX_DIM, MAX_FRAMES = 16, 1 << 40, 1 << 20  # generous for any real tensor; keeps torch's size arithmetic in range
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -70,10 +71,12 @@ def tensor_frame(t: torch.Tensor) -> memoryview:
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
-def parse_meta(meta) -> tuple[str, torch.dtype, tuple[int, ...]]:
-    if not (isinstance(meta, (list, tuple)) and len(meta) == 3):
-        raise ProtocolError(f"tensor description must be [key, dtype, shape], got {meta!r:.80}")
-    key, dtype, shape = meta
+def parse_meta(meta) -> tuple[str, torch.dtype, tuple[int, ...], int]:
+    """``[key, dtype, shape]`` or ``[key, dtype, shape, nframes]`` -> (key, dtype, shape, nframes)."""
+    if not (isinstance(meta, (list, tuple)) and len(meta) in (3, 4)):
+        raise ProtocolError(f"tensor description must be [key, dtype, shape(, nframes)], got {meta!r:.80}")
+    key, dtype, shape = meta[:3]
+    nframes = meta[3] if len(meta) == 4 else 1
     if not isinstance(key, str):
         raise ProtocolError(f"tensor key must be a string, got {type(key).__name__}")
     if dtype not in DTYPES:
@@ -82,12 +85,24 @@ def parse_meta(meta) -> tuple[str, torch.dtype, tuple[int, ...]]:
             and all(type(d) is int and 0 <= d <= MAX_DIM for d in shape)):
         raise ProtocolError(f"tensor {key!r}: shape must be a list of at most {MAX_DIMS} ints in "
                             f"0..{MAX_DIM}, got {shape!r:.80}")
+    if type(nframes) is not int or not 1 <= nframes <= MAX_FRAMES:
+        raise ProtocolError(f"tensor {key!r}: nframes must be an int in 1..{MAX_FRAMES}, got {nframes!r:.40}")
     extent = 1
     for d in shape:  # even an empty tensor's strides must fit in int64
         extent *= max(d, 1)
     if extent > MAX_DIM:
         raise ProtocolError(f"tensor {key!r}: shape {shape!r:.80} is too large")
-    return key, DTYPES[dtype], tuple(shape)
+    return key, DTYPES[dtype], tuple(shape), nframes
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _view(buf, dtype: torch.dtype) -> torch.Tensor:
+    with warnings.catch_warnings():  # zmq frames are read-only; we only ever read from this view
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buf, dtype=dtype)
 
 
 def frame_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -95,30 +110,85 @@ def frame_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tenso
     numel = 1
     for d in shape:
         numel *= d
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = _itemsize(dtype)
     if len(buf) != numel * itemsize:
         raise ProtocolError(f"frame of {len(buf)} bytes does not match dtype/shape ({numel * itemsize} bytes)")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    with warnings.catch_warnings():  # zmq frames are read-only; we only ever read from this view
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buf, dtype=dtype).view(shape)
+    return _view(buf, dtype).view(shape)
 
 
-def decode_tensors(header: dict, frames: list) -> list[tuple[str, torch.Tensor]]:
-    """Pair the header's ``tensors`` descriptions with the raw frames that follow it."""
+class Pieces:
+    """A tensor that arrived in several frames: ``parts`` are (element offset, 1-D read-only view).
+    It is used where it lands (``add_into``, ``copy_into``) without first joining the frames."""
+
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], parts: list[tuple[int, torch.Tensor]]):
+        self.dtype, self.shape, self.parts = dtype, torch.Size(shape), parts
+
+    def add_into(self, dst: torch.Tensor) -> None:
+        flat = dst.view(-1)
+        for off, t in self.parts:
+            flat[off:off + t.numel()].add_(t)
+
+    def copy_into(self, dst: torch.Tensor) -> None:
+        flat = dst.view(-1)
+        for off, t in self.parts:
+            flat[off:off + t.numel()].copy_(t)
+
+    def join(self) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype)
+        self.copy_into(out)
+        return out
+
+
+def _pieces(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) -> Pieces:
+    numel = 1
+    for d in shape:
+        numel *= d
+    itemsize, parts, off = _itemsize(dtype), [], 0
+    for buf in bufs:
+        if len(buf) == 0 or len(buf) % itemsize:
+            raise ProtocolError(f"tensor {key!r}: a frame of {len(buf)} bytes is not a whole number of items")
+        n = len(buf) // itemsize
+        parts.append((off, _view(buf, dtype)))
+        off += n
+    if off != numel:
+        raise ProtocolError(f"tensor {key!r}: its frames hold {off} items, shape needs {numel}")
+    return Pieces(dtype, shape, parts)
+
+
+def decode_tensors(header: dict, frames: list) -> list[tuple[str, "torch.Tensor | Pieces"]]:
+    """Pair the header's ``tensors`` descriptions with the raw frames that follow it: a tensor sent in
+    one frame comes back as a tensor viewing it, one sent in several as ``Pieces``."""
     metas = header.get("tensors", [])
     if not isinstance(metas, list):
         raise ProtocolError("'tensors' must be a list")
-    if len(metas) != len(frames):
-        raise ProtocolError(f"header describes {len(metas)} tensors but {len(frames)} frames followed")
-    out = []
-    for meta, frame in zip(metas, frames):
-        key, dtype, shape = parse_meta(meta)
-        out.append((key, frame_tensor(frame, dtype, shape)))
+    parsed = [parse_meta(m) for m in metas]
+    if sum(p[3] for p in parsed) != len(frames):
+        raise ProtocolError(f"header describes {sum(p[3] for p in parsed)} frames but {len(frames)} followed")
+    out, i = [], 0
+    for key, dtype, shape, nframes in parsed:
+        if nframes == 1:
+            out.append((key, frame_tensor(frames[i], dtype, shape)))
+        else:
+            out.append((key, _pieces(key, frames[i:i + nframes], dtype, shape)))
+        i += nframes
     return out
 
 
-def encode_tensors(named: list[tuple[str, torch.Tensor]]) -> tuple[list, list[memoryview]]:
-    """``(metas, frames)`` for the header's ``tensors`` field and the frames that follow it."""
-    return [tensor_meta(k, t) for k, t in named], [tensor_frame(t) for _, t in named]
+def encode_tensors(named: list[tuple[str, torch.Tensor]], max_frame: int | None = None) -> tuple[list, list]:
+    """``(metas, frames)`` for the header's ``tensors`` field and the frames that follow it. Tensors over
+    ``max_frame`` bytes are split into frames of at most that size (zero-copy slices of their memory):
+    ZeroMQ moves many ~1 MB frames much faster than one huge one (see README, Performance)."""
+    metas, frames = [], []
+    for key, t in named:
+        buf = tensor_frame(t)
+        step = max_frame - max_frame % t.element_size() if max_frame else 0
+        if not step or len(buf) <= step:
+            metas.append(tensor_meta(key, t))
+            frames.append(buf)
+        else:
+            chunks = [buf[o:o + step] for o in range(0, len(buf), step)]
+            metas.append(tensor_meta(key, t) + [len(chunks)])
+            frames += chunks
+    return metas, frames

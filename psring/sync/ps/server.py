@@ -29,8 +29,8 @@ log = logging.getLogger("psring.server")
 
 class ParameterServer:
     def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0,
-                 metrics_path: str | None = None):
-        self.metrics_path = metrics_path
+                 metrics_path: str | None = None, frame_bytes: int | None = 1 << 20):
+        self.metrics_path, self.frame_bytes = metrics_path, frame_bytes
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
         self.ctx = zmq.Context()
@@ -70,7 +70,7 @@ class ParameterServer:
         self._send(ident, {"ok": False, "req": req, "error": msg})
 
     def _reply_params(self, ident: bytes, req) -> None:
-        metas, frames = encode_tensors(self.store.snapshot())
+        metas, frames = encode_tensors(self.store.snapshot(), self.frame_bytes)
         self._send(ident, {"ok": True, "req": req, "version": self.store.version, "tensors": metas}, frames)
 
     # --- request handling -------------------------------------------------------------------------
@@ -154,12 +154,12 @@ class ParameterServer:
 
 
 def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
-               threads: int = 1, metrics_path: str | None = None) -> int:
+               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = 1 << 20) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path)
+    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes)
     try:
         if port_file:  # atomic: the launcher never reads a half-written port
             tmp = Path(f"{port_file}.tmp{os.getpid()}")

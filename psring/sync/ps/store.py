@@ -12,8 +12,7 @@ import time
 import torch
 
 from ...config import OptimConfig
-from ..base import make_local_sgd
-from .protocol import ProtocolError
+from .protocol import Pieces, ProtocolError
 
 
 class ShardStore:
@@ -43,6 +42,7 @@ class ShardStore:
         keys = [k for k, _ in named]
         if len(set(keys)) != len(keys):
             raise ProtocolError("init lists a key twice")
+        named = [(k, t.join() if isinstance(t, Pieces) else t) for k, t in named]
         for key, t in named:  # check everything first: a rejected init must leave no trace
             if not t.is_floating_point():
                 raise ProtocolError(f"init: parameter {key!r} has non-float dtype {t.dtype}")
@@ -50,8 +50,8 @@ class ShardStore:
             p = t.clone()
             p.grad = torch.zeros_like(p)
             self.params[key] = p
-        # One optimizer per key: a key is updated the moment its last gradient arrives.
-        self.optim = {k: make_local_sgd([p], cfg) for k, p in self.params.items()}
+        self.sgd = cfg
+        self.momentum_buf: dict[str, torch.Tensor] = {}
         self.count = dict.fromkeys(self.params, 0)
         self.pushed: dict[str, set[int]] = {k: set() for k in self.params}
         self.updated: set[str] = set()  # keys already updated in the current step
@@ -83,7 +83,10 @@ class ShardStore:
         for key, g in named:
             p = self.params[key]
             t0 = time.perf_counter()
-            p.grad.add_(g)
+            if isinstance(g, Pieces):  # arrived in several frames: add each where it belongs
+                g.add_into(p.grad)
+            else:
+                p.grad.add_(g)
             self.aggregate_s += time.perf_counter() - t0
             self.pushed[key].add(worker)
             self.count[key] += 1
@@ -96,10 +99,24 @@ class ShardStore:
         return False
 
     def _update(self, key: str) -> None:
+        """SGD with momentum and weight decay on one key, the moment its last gradient arrived.
+
+        The same arithmetic as ``torch.optim.SGD`` (dampening 0, no Nesterov), bit for bit, but in
+        place: the summed gradient buffer is ours, so weight decay is added into it instead of into a
+        fresh tensor (torch's version allocates one per parameter and step)."""
         t0 = time.perf_counter()
-        p = self.params[key]
-        p.grad.div_(self.workers)  # mean of the workers' gradients = gradient of the global batch
-        self.optim[key].step()
+        p, cfg = self.params[key], self.sgd
+        g = p.grad.div_(self.workers)  # mean of the workers' gradients = gradient of the global batch
+        if cfg.weight_decay:
+            g.add_(p, alpha=cfg.weight_decay)
+        if cfg.momentum:
+            buf = self.momentum_buf.get(key)
+            if buf is None:
+                self.momentum_buf[key] = buf = g.clone()
+            else:
+                buf.mul_(cfg.momentum).add_(g)
+            g = buf
+        p.add_(g, alpha=-cfg.lr)
         p.grad.zero_()
         self.count[key] = 0
         self.pushed[key].clear()

@@ -21,6 +21,7 @@ from ...config import OptimConfig
 from ..base import Synchronizer, SyncStats
 from ..buckets import Bucket, GradBuckets
 from .client import PSClient
+from .protocol import Pieces
 from .sharding import assign_shards
 
 
@@ -28,12 +29,14 @@ class PSSync(Synchronizer):
     name = "ps"
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
-                 timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True):
+                 timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True,
+                 frame_kb: int = 1024):
         super().__init__(rank, world, device)
         if not addrs:
             raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
         self.addrs, self.optim_cfg, self.timeout_s, self.overlap = addrs, optim, timeout_s, overlap
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
+        self.frame_bytes = frame_kb * 1024 if frame_kb > 0 else None
         self.client = None
 
     def attach(self, model: nn.Module) -> nn.Module:
@@ -48,7 +51,7 @@ class PSSync(Synchronizer):
         for b in self.buckets.buckets:
             b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
-        self.client = PSClient(self.addrs, self.rank, self.timeout_s)
+        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes)
         if self.rank == 0:
             optim = {"lr": self.optim_cfg.lr, "momentum": self.optim_cfg.momentum,
                      "weight_decay": self.optim_cfg.weight_decay}
@@ -102,7 +105,10 @@ class PSSync(Synchronizer):
             for key, t in named:
                 if key not in params:
                     raise RuntimeError(f"PS server {s} returned key {key!r} that this worker's model lacks")
-                params[key].copy_(t)
+                if isinstance(t, Pieces):
+                    t.copy_into(params[key])
+                else:
+                    params[key].copy_(t)
 
     def step(self, step: int) -> SyncStats:
         """push_s: pushing what backward did not (all of it without overlap); wait_s: until every
