@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from .config import ConfigError, OptimConfig, TrainConfig
+from .config import MODELS, ConfigError, OptimConfig, TrainConfig
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -113,7 +113,7 @@ def cmd_sweep(a) -> int:
 
 
 BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
-                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench"}
+                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None}
 
 
 def bench_settings(a) -> dict:
@@ -152,7 +152,9 @@ def cmd_bench(a) -> int:
         raise ConfigError(f"--strategies takes allreduce and/or ps, got {b['strategies']!r}")
     if b["workers"] < 1 or b["iters"] < 1 or b["warmup"] < 0 or not sizes or b["factor"] < 2:
         raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
-    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk)
+    if b["model"] is not None and b["model"] not in MODELS:
+        raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
+    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"])
     return 0
 
 
@@ -204,6 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--iters", type=int, help="timed iterations per size (default 20)")
     b.add_argument("--chunk", help="frame size of the raw ZeroMQ echo (default 1M)")
     b.add_argument("--out", help="output directory (default results/bench)")
+    b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
     b.set_defaults(func=cmd_bench)
     return p
 
