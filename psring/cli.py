@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .config import MODELS, ConfigError, OptimConfig, TrainConfig
 
@@ -71,8 +72,6 @@ def cmd_worker(a) -> int:
         cfg.ps_addrs = [x for x in (a.ps_addrs or "").split(",") if x]
         if cfg.sync == "ps" and not cfg.ps_addrs:
             raise ConfigError("--sync ps under torchrun needs --ps-addrs tcp://HOST:PORT,... of running servers")
-        from pathlib import Path
-
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")
@@ -123,7 +122,7 @@ def bench_settings(a) -> dict:
         import tomllib
 
         try:
-            table = tomllib.loads(open(a.file).read()).get("bench", {})
+            table = tomllib.loads(Path(a.file).read_text()).get("bench", {})
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read bench file {a.file}: {e}") from None
         unknown = set(table) - set(settings)
@@ -221,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("psring: interrupted; all processes stopped", file=sys.stderr)
         return 130
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         from .launch.launcher import LaunchError
 
         if isinstance(e, LaunchError):

@@ -73,7 +73,7 @@ class TrainConfig:
             return self.threads
         return max(1, (os.cpu_count() or 1) // max(1, self.workers))
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         if self.sync not in SYNCS:
             raise ConfigError(f"--sync must be one of {', '.join(SYNCS)}, got {self.sync!r}")
         if self.model not in MODELS:
@@ -113,7 +113,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
+    def from_dict(cls, d: dict) -> TrainConfig:
         d = dict(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
@@ -126,7 +126,7 @@ class TrainConfig:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def load(cls, path: Path) -> "TrainConfig":
+    def load(cls, path: Path) -> TrainConfig:
         try:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError, TypeError) as e:

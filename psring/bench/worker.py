@@ -160,8 +160,7 @@ def run(spec: dict) -> int:
                       f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2]['time_s'] * 1e3:9.3f} ms)", flush=True)
         if rank == 0:
             with open(out / f"{strategy}-s{servers}.jsonl", "w") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+                f.writelines(json.dumps(r) + "\n" for r in rows)
         dist.barrier()
     finally:
         if strategy == "ps":

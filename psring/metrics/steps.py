@@ -50,7 +50,7 @@ class StepLog:
     def close(self) -> None:
         self.f.close()
 
-    def __enter__(self) -> "StepLog":
+    def __enter__(self) -> StepLog:
         return self
 
     def __exit__(self, *exc) -> None:

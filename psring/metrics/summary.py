@@ -84,8 +84,7 @@ def finalize_run(out: Path, config: dict) -> dict:
         records += read_steps(f)
     records.sort(key=lambda r: (r["step"], r["rank"]))
     with open(out / "steps.jsonl", "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records)
     warmup = min(config.get("warmup", 3), max(0, config["steps"] - 1))
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
     summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))

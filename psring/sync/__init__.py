@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..config import TrainConfig
 from .base import Synchronizer, SyncStats
 
-__all__ = ["Synchronizer", "SyncStats", "make_synchronizer"]
+__all__ = ["SyncStats", "Synchronizer", "make_synchronizer"]
 
 
 def make_synchronizer(cfg: TrainConfig) -> Synchronizer:

@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 NUM_CLASSES = 10
 

@@ -157,7 +157,7 @@ def _pieces(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) ->
     return Pieces(dtype, shape, parts)
 
 
-def decode_tensors(header: dict, frames: list) -> list[tuple[str, "torch.Tensor | Pieces"]]:
+def decode_tensors(header: dict, frames: list) -> list[tuple[str, torch.Tensor | Pieces]]:
     """Pair the header's ``tensors`` descriptions with the raw frames that follow it: a tensor sent in
     one frame comes back as a tensor viewing it, one sent in several as ``Pieces``."""
     metas = header.get("tensors", [])

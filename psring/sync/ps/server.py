@@ -112,7 +112,7 @@ class ParameterServer:
                 raise ProtocolError(f"unknown op {op!r}; expected init, push, pull or done")
         except ProtocolError as e:
             self._error(ident, req, str(e))
-        except Exception as e:  # noqa: BLE001 - one bad message must never take the shard down
+        except Exception as e:
             log.exception("unexpected error handling a request")
             self._error(ident, req if isinstance(req, (int, str)) else None, f"{type(e).__name__}: {e}")
 
