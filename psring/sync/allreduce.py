@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -61,7 +60,7 @@ class AllReduceSync(Synchronizer):
         self.inflight.append((b, fut))
 
     def step(self, step: int) -> SyncStats:
-        t0 = self._clock()
+        t0 = self.clock.now()
         self.buckets.flush()
         for b in self.deferred:
             self._launch(b)
@@ -73,12 +72,8 @@ class AllReduceSync(Synchronizer):
                              time.perf_counter() - b.launched_at])
         self.inflight.clear()
         self.buckets.reset()
-        t1 = self._clock()
+        t1 = self.clock.now()
         update_s = timed_update(self.optimizer, self.device)
         return SyncStats(t1 - t0, update_s, self.wire_bytes, self.wire_bytes, {"allreduce_wait_s": t1 - t0},
                          messages=messages)
 
-    def _clock(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()

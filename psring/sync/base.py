@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..config import OptimConfig
+from ..metrics.steps import PhaseClock
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Synchronizer(ABC):
 
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
+        self.clock = PhaseClock(device)  # device-synchronizing clock for the strategy's own sub-phases
 
     @abstractmethod
     def attach(self, model: nn.Module) -> nn.Module:

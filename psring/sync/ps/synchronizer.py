@@ -116,11 +116,11 @@ class PSSync(Synchronizer):
         pull_s: copying the new parameters into the model."""
         if step != self.cur:
             raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
-        t0 = self._clock()
+        t0 = self.clock.now()
         self.buckets.flush()
         for b in self.deferred:
             self._push(b)
-        t1 = self._clock()
+        t1 = self.clock.now()
         wait_s = pull_s = 0.0
         for s in range(len(self.addrs)):
             ta = time.perf_counter()
@@ -129,11 +129,11 @@ class PSSync(Synchronizer):
             reply = self.client.recv(s, self.pulls[s])
             tb = time.perf_counter()
             self._load(s, *reply)
-            tc = self._clock()
+            tc = self.clock.now()
             wait_s += tb - ta
             pull_s += tc - tb
             self._close_pull_message(s, tb)
-        t2 = self._clock()
+        t2 = self.clock.now()
         stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
                           phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
@@ -147,11 +147,6 @@ class PSSync(Synchronizer):
         for m in self.messages:
             if m[1] == f"pull from server {s}" and m[2] is None:
                 m[2] = arrived - m[0]
-
-    def _clock(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
 
     def close(self) -> None:
         """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
