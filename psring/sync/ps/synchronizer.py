@@ -122,18 +122,19 @@ class PSSync(Synchronizer):
             self._push(b)
         t1 = self.clock.now()
         wait_s = pull_s = 0.0
+        lap = t1  # laps of one clock, so push_s + wait_s + pull_s is exactly sync_s
         for s in range(len(self.addrs)):
-            ta = time.perf_counter()
             for req in self.acks[s]:
                 self.client.recv(s, req)
             reply = self.client.recv(s, self.pulls[s])
             tb = time.perf_counter()
             self._load(s, *reply)
             tc = self.clock.now()
-            wait_s += tb - ta
+            wait_s += tb - lap
             pull_s += tc - tb
             self._close_pull_message(s, tb)
-        t2 = self.clock.now()
+            lap = tc
+        t2 = lap
         stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
                           phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
