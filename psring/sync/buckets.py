@@ -38,9 +38,11 @@ class Bucket:
     def nbytes(self) -> int:
         return self.flat.numel() * self.flat.element_size()
 
-    def views(self) -> list[tuple[str, torch.Tensor]]:
-        """(name, gradient view into ``flat``) per parameter, in bucket order."""
-        return [(n, self.flat[o:o + p.numel()].view_as(p)) for n, p, o in zip(self.names, self.params, self.offsets)]
+    def views(self, flat: torch.Tensor | None = None) -> list[tuple[str, torch.Tensor]]:
+        """(name, view of its slice of ``flat``) per parameter, in bucket order; ``flat`` defaults to the
+        bucket's own buffer (any buffer of the same layout works, e.g. a pinned host copy)."""
+        flat = self.flat if flat is None else flat
+        return [(n, flat[o:o + p.numel()].view_as(p)) for n, p, o in zip(self.names, self.params, self.offsets)]
 
 
 def plan_buckets(sizes: list[int], dtypes: list, cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
@@ -71,7 +73,8 @@ class GradBuckets:
         self.buckets: list[Bucket] = []
         self._of: dict[int, tuple[Bucket, torch.Tensor]] = {}  # id(param) -> (its bucket, its grad view)
         for g, group in enumerate(groups):
-            members = [n for n in order if n in set(group)]
+            in_group = set(group)
+            members = [n for n in order if n in in_group]
             plan = plan_buckets([by_name[n].numel() * by_name[n].element_size() for n in members],
                                 [by_name[n].dtype for n in members], cap_bytes, first_cap_bytes)
             for idx in plan:

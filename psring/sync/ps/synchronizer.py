@@ -70,6 +70,7 @@ class PSSync(Synchronizer):
     def _new_step(self) -> None:
         self.acks = [[] for _ in self.addrs]
         self.pulls: list[int | None] = [None] * len(self.addrs)
+        self.pull_msg: list[list | None] = [None] * len(self.addrs)
         self.left = list(self.per_server)
         self.deferred: list[Bucket] = []
         self.messages = []
@@ -88,14 +89,14 @@ class PSSync(Synchronizer):
         if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
             host.copy_(b.flat, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
-        named = [(n, host[o:o + p.numel()].view_as(p)) for n, p, o in zip(b.names, b.params, b.offsets)]
-        self.acks[s].append(self.client.send(s, {"op": "push", "step": self.cur}, named))
+        self.acks[s].append(self.client.send(s, {"op": "push", "step": self.cur}, b.views(host)))
         self.messages.append([t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)",
                               time.perf_counter() - t])
         self.left[s] -= 1
         if self.left[s] == 0:  # this server has all of our gradients: ask for the update right away
             self.pulls[s] = self.client.send(s, {"op": "pull", "version": self.cur + 1})
-            self.messages.append([time.perf_counter(), f"pull from server {s}", None])
+            self.pull_msg[s] = [time.perf_counter(), f"pull from server {s}", None]  # duration set on arrival
+            self.messages.append(self.pull_msg[s])
 
     def _load(self, s: int, header: dict, named: list) -> None:
         params = dict(self.shards[s])
@@ -132,7 +133,7 @@ class PSSync(Synchronizer):
             tc = self.clock.now()
             wait_s += tb - lap
             pull_s += tc - tb
-            self._close_pull_message(s, tb)
+            self.pull_msg[s][2] = tb - self.pull_msg[s][0]
             lap = tc
         t2 = lap
         stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
@@ -143,11 +144,6 @@ class PSSync(Synchronizer):
         self.cur += 1
         self._new_step()
         return stats
-
-    def _close_pull_message(self, s: int, arrived: float) -> None:
-        for m in self.messages:
-            if m[1] == f"pull from server {s}" and m[2] is None:
-                m[2] = arrived - m[0]
 
     def close(self) -> None:
         """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
