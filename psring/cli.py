@@ -36,7 +36,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25)")
     p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first bucket, MB (default 1)")
-    p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame, KB (0 = one per tensor)")
+    p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame of a push, KB (0 = one per tensor)")
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="communicate only after backward (default: each bucket as soon as it is ready)")
     p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
@@ -179,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--idle-timeout", type=float, default=600.0, help="exit if no request for this long (s)")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--metrics", help="write the server's per-step figures here (JSON lines)")
-    s.add_argument("--frame-kb", type=int, default=1024, help="split tensors over frames of at most this many KB")
+    s.add_argument("--frame-kb", type=int, default=0,
+                   help="split replied tensors over frames of at most this many KB (default 0: one frame per "
+                        "tensor, which CPU workers use in place without a copy)")
     s.set_defaults(func=cmd_server)
 
     c = sub.add_parser("compare", help="none at N=1, allreduce and ps at N=2: a table of speedups")

@@ -60,7 +60,7 @@ class TrainConfig:
     bucket_mb: float = 25.0  # gradient bucket size (allreduce and ps), like DDP's bucket_cap_mb
     first_bucket_mb: float = 1.0  # smaller first bucket, so communication starts early in backward
     overlap: bool = True  # start each bucket's communication during backward
-    frame_kb: int = 1024  # ps: tensors are split over ZeroMQ frames of at most this size (0 = no split)
+    frame_kb: int = 1024  # ps: pushed tensors are split over ZeroMQ frames of at most this size (0 = no split)
     out: str = "runs/latest"
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
 

@@ -136,7 +136,7 @@ def run(spec: dict) -> int:
             nbytes = sum(p.numel() * 4 for p in model.parameters())
             if strategy == "allreduce":
                 flat = torch.randn(nbytes // 4)
-                sync = AllReduceSync(pg, OptimConfig())
+                sync = AllReduceSync(pg, OptimConfig(), spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
                                   spec["warmup"], spec["iters"])
@@ -148,7 +148,8 @@ def run(spec: dict) -> int:
                 tag = f"s{servers}-{size}"
                 addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
                                      out / "addrs" / f"{tag}.json")
-                sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300))
+                sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300),
+                              spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
                 *raws, mine = timed(echoes + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])

@@ -52,7 +52,7 @@ def start_servers(cfg: TrainConfig, out: Path, kids: Children) -> list[str]:
         pf = out / "servers" / f"server{i}.addr"
         argv = [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
                 "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60)),
-                "--metrics", str(out / "servers" / f"server{i}.jsonl"), "--frame-kb", str(cfg.frame_kb)]
+                "--metrics", str(out / "servers" / f"server{i}.jsonl")]
         specs.append((f"server {i}", argv, pf, out / "logs" / f"server{i}.log"))
     return start_listeners(kids, specs)
 

@@ -2,8 +2,6 @@
 waited for with a timeout."""
 from __future__ import annotations
 
-import itertools
-
 import zmq
 
 from .protocol import PROTOCOL, decode_tensors, encode_tensors, pack_header, unpack_header
@@ -24,12 +22,13 @@ class PSClient:
             s.linger = 0
             s.connect(addr)
             self.socks.append(s)
-        self._req = itertools.count()
+        self._next = 0  # the next request id
+        self.early: list[dict] = [{} for _ in self.addrs]  # replies that arrived before the one waited for
         self.bytes_sent = self.bytes_recv = 0
 
     def send(self, server: int, header: dict, named=()) -> int:
         """Send a request to ``server`` without waiting; returns its request id for ``recv``."""
-        req = next(self._req)
+        req, self._next = self._next, self._next + 1
         metas, frames = encode_tensors(list(named), self.frame_bytes)
         head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas})
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
@@ -40,19 +39,25 @@ class PSClient:
         return req
 
     def recv(self, server: int, req: int):
-        """Wait for the reply to request ``req``; returns ``(header, [(key, tensor), ...])``."""
-        sock = self.socks[server]
-        if not sock.poll(self.timeout_ms):
-            raise PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
-                          f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
-        msg = sock.recv_multipart(copy=False)
-        self.bytes_recv += sum(len(f) for f in msg)
-        header = unpack_header(msg[0].buffer)
-        if header.get("req") != req:
-            raise PSError(f"PS server {server} answered request {header.get('req')!r}, expected {req}")
+        """Wait for the reply to request ``req``; returns ``(header, [(key, tensor), ...])``. Replies to
+        other requests of ours that arrive first are kept for their own ``recv``."""
+        early = self.early[server]
+        while req not in early:
+            sock = self.socks[server]
+            if not sock.poll(self.timeout_ms):
+                raise PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
+                              f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
+            msg = sock.recv_multipart(copy=False)
+            self.bytes_recv += sum(len(f) for f in msg)
+            header = unpack_header(msg[0].buffer)
+            got = header.get("req")
+            if type(got) is not int or got >= self._next or got in early:
+                raise PSError(f"PS server {server} answered request {got!r}, which this worker did not send")
+            early[got] = (header, msg[1:])
+        header, frames = early.pop(req)
         if not header.get("ok"):
             raise PSError(f"PS server {server} ({self.addrs[server]}) refused request: {header.get('error')}")
-        return header, decode_tensors(header, [f.buffer for f in msg[1:]])
+        return header, decode_tensors(header, [f.buffer for f in frames])
 
     def call(self, server: int, header: dict, named=()):
         return self.recv(server, self.send(server, header, named))

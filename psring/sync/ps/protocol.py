@@ -11,11 +11,13 @@ declared dtype and shape. "We must never load untrusted pickles" (pyzmq, example
 
 Ops (request ``op`` field):
   init  rank 0 hands a server its shard's initial values and the optimizer hyper-parameters
-  push  a worker's gradients for some keys of the shard at step ``step``
+  push  a worker's gradients for some keys of the shard at step ``step``; acknowledged at once
+  pushpull  the same, answered once those keys are updated, with their new values (version step+1)
   pull  the shard's parameters once the server has reached ``version`` (version v = after v updates)
   done  the worker has finished; the server exits once every worker said so
 Every request gets exactly one reply: ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
-"error": "..."}``. A pull is answered when its version is reached, not when it arrives.
+"error": "..."}``. A pull is answered when its version is reached, a pushpull when its keys' update is
+done, not when they arrive; a worker may have several requests in flight, replies name theirs (``req``).
 """
 from __future__ import annotations
 
@@ -134,6 +136,12 @@ class Pieces:
         flat = dst.view(-1)
         for off, t in self.parts:
             flat[off:off + t.numel()].copy_(t)
+
+    def regions(self, dst: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """(element offset into ``dst`` flattened, 1-D view of that part): where each frame belongs."""
+        if dst.shape != self.shape:
+            raise ValueError(f"Pieces of shape {tuple(self.shape)} cannot land in {tuple(dst.shape)}")
+        return self.parts
 
     def join(self) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype)

@@ -6,7 +6,9 @@ Start one per shard with ``psring server`` (the launcher does this for local run
     host-b$ torchrun ... -m psring worker --sync ps --ps-addrs tcp://host-a:5555 ...
 
 Requests are handled one at a time in arrival order; a pull for a version not yet reached is parked and
-answered by the push that completes that version. A bad request gets an error reply and changes nothing,
+answered by the push that completes that version, and a pushpull's reply waits until its keys' update
+is done — then it carries their new values at once, so the shard streams back bucket by bucket while
+later buckets still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets an error reply and changes nothing,
 so the other workers are served on as if it never came.
 """
 from __future__ import annotations
@@ -29,7 +31,7 @@ log = logging.getLogger("psring.server")
 
 class ParameterServer:
     def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0,
-                 metrics_path: str | None = None, frame_bytes: int | None = 1 << 20):
+                 metrics_path: str | None = None, frame_bytes: int | None = None):
         self.metrics_path, self.frame_bytes = metrics_path, frame_bytes
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
@@ -45,6 +47,7 @@ class ParameterServer:
             self.port = port
         self.address = f"tcp://{bind}:{self.port}"
         self.parked: list[tuple[bytes, dict]] = []  # pulls waiting for their version
+        self.waiting: list[tuple[bytes, object, list[str], int]] = []  # pushpulls waiting for their keys' update
         self.done: set[int] = set()
         self.errors = 0
         self.bytes_sent = self.bytes_recv = 0
@@ -82,12 +85,18 @@ class ParameterServer:
             if header.get("protocol", PROTOCOL) != PROTOCOL:
                 raise ProtocolError(f"protocol {header.get('protocol')!r} not supported (this server: {PROTOCOL})")
             op = header.get("op")
-            if op == "push":
+            if op in ("push", "pushpull"):
                 self.metrics.on_push()
-                if self.store.push(header.get("worker"), header.get("step"), decode_tensors(header, frames)):
+                named, step = decode_tensors(header, frames), header.get("step")
+                completed = self.store.push(header.get("worker"), step, named)
+                if op == "push":
+                    self._send(ident, {"ok": True, "req": req})
+                else:
+                    self.waiting.append((ident, req, [k for k, _ in named], step))
+                if completed:
                     self.metrics.on_last_push()
                     self._serve_parked()
-                self._send(ident, {"ok": True, "req": req})
+                self._serve_waiting()
             elif op == "pull":
                 version = header.get("version")
                 if type(version) is not int or version < 0:
@@ -109,7 +118,7 @@ class ParameterServer:
                 self.done.add(worker)
                 self._send(ident, {"ok": True, "req": req})
             else:
-                raise ProtocolError(f"unknown op {op!r}; expected init, push, pull or done")
+                raise ProtocolError(f"unknown op {op!r}; expected init, push, pushpull, pull or done")
         except ProtocolError as e:
             self._error(ident, req, str(e))
         except Exception as e:
@@ -124,6 +133,16 @@ class ParameterServer:
             else:
                 still.append((ident, header))
         self.parked = still
+
+    def _serve_waiting(self) -> None:
+        still = []
+        for ident, req, keys, step in self.waiting:
+            if self.store.updated_past(keys, step):
+                metas, frames = encode_tensors(self.store.snapshot(keys), self.frame_bytes)
+                self._send(ident, {"ok": True, "req": req, "version": step + 1, "tensors": metas}, frames)
+            else:
+                still.append((ident, req, keys, step))
+        self.waiting = still
 
     def serve(self) -> int:
         """Serve until every worker said done (0) or nothing arrived for ``idle_timeout_s`` (1)."""
@@ -154,7 +173,7 @@ class ParameterServer:
 
 
 def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
-               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = 1 << 20) -> int:
+               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = None) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
     torch.set_num_threads(max(1, threads))

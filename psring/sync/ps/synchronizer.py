@@ -5,10 +5,12 @@ update for them; the worker runs no optimizer. Rank 0 initialises the servers wi
 weights; every worker then pulls version 0, so all start from the servers' copy.
 
 Overlap: gradients live in per-server bucket buffers (``buckets.GradBuckets``; ``.grad`` are views
-into them). A bucket is pushed from inside backward as soon as its last gradient is accumulated; after a
-server's last bucket its pull for the next version is sent at once, so servers aggregate and update
-while backward still runs for other servers' parameters. Frames go to ZeroMQ without copies: the
-bucket's own memory (on GPU, a pinned host copy made asynchronously, then waited for).
+into them). A bucket is pushed from inside backward as soon as its last gradient is accumulated, as a
+``pushpull``: the server answers it with the bucket's updated parameters as soon as every worker's
+gradients for them arrived and the update ran. So servers aggregate and update while backward still
+runs, and new parameters stream back bucket by bucket while later buckets are still on their way in.
+Frames go to ZeroMQ without copies: the bucket's own memory (on GPU, a pinned host copy made
+asynchronously, then waited for).
 """
 from __future__ import annotations
 
@@ -47,7 +49,6 @@ class PSSync(Synchronizer):
             self.shards[s].append((n, p))
         self.buckets = GradBuckets(named, self.cap, self.first_cap, self._on_ready, self.device,
                                    groups=[[n for n, _ in shard] for shard in self.shards])
-        self.per_server = [sum(1 for b in self.buckets.buckets if b.extra["group"] == s) for s in range(len(self.addrs))]
         for b in self.buckets.buckets:
             b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
@@ -62,16 +63,13 @@ class PSSync(Synchronizer):
                 self.client.recv(s, req)
         reqs = [self.client.send(s, {"op": "pull", "version": 0}) for s in range(len(self.addrs))]
         for s, req in enumerate(reqs):
-            self._load(s, *self.client.recv(s, req))
+            self._load(s, self.client.recv(s, req)[1], [n for n, _ in self.shards[s]])
         self.cur = 0
         self._new_step()
         return model
 
     def _new_step(self) -> None:
-        self.acks = [[] for _ in self.addrs]
-        self.pulls: list[int | None] = [None] * len(self.addrs)
-        self.pull_msg: list[list | None] = [None] * len(self.addrs)
-        self.left = list(self.per_server)
+        self.inflight: list[list[tuple[int, Bucket, list]]] = [[] for _ in self.addrs]  # (req, bucket, trace)
         self.deferred: list[Bucket] = []
         self.messages = []
         # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
@@ -89,32 +87,34 @@ class PSSync(Synchronizer):
         if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
             host.copy_(b.flat, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
-        self.acks[s].append(self.client.send(s, {"op": "push", "step": self.cur}, b.views(host)))
-        self.messages.append([t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)",
-                              time.perf_counter() - t])
-        self.left[s] -= 1
-        if self.left[s] == 0:  # this server has all of our gradients: ask for the update right away
-            self.pulls[s] = self.client.send(s, {"op": "pull", "version": self.cur + 1})
-            self.pull_msg[s] = [time.perf_counter(), f"pull from server {s}", None]  # duration set on arrival
-            self.messages.append(self.pull_msg[s])
+        req = self.client.send(s, {"op": "pushpull", "step": self.cur}, b.views(host))
+        sent = time.perf_counter()
+        reply = [sent, f"params of bucket {b.index} from server {s}", None]  # duration set on arrival
+        self.messages += [[t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
+        self.inflight[s].append((req, b, reply))
 
-    def _load(self, s: int, header: dict, named: list) -> None:
+    def _load(self, s: int, named: list, names: list[str]) -> None:
+        got = [k for k, _ in named]
+        if got != names:
+            raise RuntimeError(f"PS server {s} returned keys {got[:3]}..., expected {names[:3]}...")
         params = dict(self.shards[s])
-        if len(named) != len(params):
-            raise RuntimeError(f"PS server {s} returned {len(named)} tensors, this worker expects {len(params)}")
         with torch.no_grad():
             for key, t in named:
-                if key not in params:
-                    raise RuntimeError(f"PS server {s} returned key {key!r} that this worker's model lacks")
                 if isinstance(t, Pieces):
                     t.copy_into(params[key])
+                elif self.device.type == "cpu" and t.data_ptr() % t.element_size() == 0:
+                    # Zero-copy: the parameter becomes a view of the received frame (kept alive by the
+                    # tensor). Nothing on a PS worker writes parameters (the server runs the optimizer),
+                    # and the next step's reply replaces the view. A frame not aligned to its element
+                    # size (ZeroMQ packs small messages into a shared buffer) is copied instead.
+                    params[key].data = t
                 else:
                     params[key].copy_(t)
 
     def step(self, step: int) -> SyncStats:
-        """push_s: pushing what backward did not (all of it without overlap); wait_s: until every
-        server's acks and new parameters arrived (transfer, aggregation, the slowest worker, the update);
-        pull_s: copying the new parameters into the model."""
+        """push_s: pushing what backward did not (all of it without overlap); wait_s: until the replies
+        arrived (transfer, aggregation, the slowest worker, the update); pull_s: copying the new
+        parameters into the model (bucket by bucket, while later ones are still on the wire)."""
         if step != self.cur:
             raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
         t0 = self.clock.now()
@@ -124,19 +124,17 @@ class PSSync(Synchronizer):
         t1 = self.clock.now()
         wait_s = pull_s = 0.0
         lap = t1  # laps of one clock, so push_s + wait_s + pull_s is exactly sync_s
-        for s in range(len(self.addrs)):
-            for req in self.acks[s]:
-                self.client.recv(s, req)
-            reply = self.client.recv(s, self.pulls[s])
-            tb = time.perf_counter()
-            self._load(s, *reply)
-            tc = self.clock.now()
-            wait_s += tb - lap
-            pull_s += tc - tb
-            self.pull_msg[s][2] = tb - self.pull_msg[s][0]
-            lap = tc
-        t2 = lap
-        stats = SyncStats(sync_s=t2 - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
+        for s, inflight in enumerate(self.inflight):
+            for req, b, trace in inflight:
+                _, named = self.client.recv(s, req)
+                tb = time.perf_counter()
+                trace[2] = tb - trace[0]
+                self._load(s, named, b.names)
+                tc = self.clock.now()
+                wait_s += tb - lap
+                pull_s += tc - tb
+                lap = tc
+        stats = SyncStats(sync_s=lap - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
                           phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
                           messages=[[name, t - t0, dur] for t, name, dur in self.messages])
