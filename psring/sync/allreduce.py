@@ -4,9 +4,9 @@ then every worker runs the same local SGD step, so parameters stay identical wit
 Gradients live in flat bucket buffers (``buckets.GradBuckets``: ``.grad`` are views into them, 25 MB
 buckets by default, a 1 MB first one). Each bucket's all-reduce starts asynchronously from inside
 backward the moment its last gradient is accumulated, so communication overlaps the rest of backward;
-``step`` only waits for what is still in flight (each bucket is scaled by 1/N as it completes)
-and runs the optimizer. No
-per-parameter collectives: their per-call latency dominates for small tensors.
+``step`` only waits for what is still in flight and runs the optimizer, whose fused kernel divides the
+summed gradients by N as it reads them (no pass of its own). No per-parameter collectives: their
+per-call latency dominates for small tensors.
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ class AllReduceSync(Synchronizer):
         self.inflight: list[tuple[Bucket, object]] = []
         self.deferred: list[Bucket] = []
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
-        self.optimizer = make_local_sgd([p for p in model.parameters() if p.requires_grad], self.optim_cfg)
+        self.optimizer = make_local_sgd([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
+                                        grad_divisor=self.world)
         return model
 
     def _on_ready(self, b: Bucket) -> None:
@@ -53,11 +54,9 @@ class AllReduceSync(Synchronizer):
 
     def _launch(self, b: Bucket) -> None:
         b.launched_at = time.perf_counter()
+        # the sum; the optimizer divides by N (see make_local_sgd), so nothing runs after the last bucket
         work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True)
-        # Scale by 1/N in the completion callback (as DDP's allreduce_hook does), so a bucket's division
-        # overlaps the next bucket's communication instead of running after all of them.
-        fut = work.get_future().then(lambda f, flat=b.flat: [flat.div_(self.world)])
-        self.inflight.append((b, fut))
+        self.inflight.append((b, work))
 
     def step(self, step: int) -> SyncStats:
         t0 = self.clock.now()
@@ -66,8 +65,8 @@ class AllReduceSync(Synchronizer):
             self._launch(b)
         self.deferred.clear()
         messages = []
-        for b, fut in self.inflight:
-            fut.wait()
+        for b, work in self.inflight:
+            work.wait()
             messages.append([f"all_reduce bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", b.launched_at - t0,
                              time.perf_counter() - b.launched_at])
         self.inflight.clear()
