@@ -1,95 +1,114 @@
-"""Data: a deterministic, learnable CIFAR-shaped synthetic set, and the per-worker sharding.
+"""Data for the trainer: the data sets (``datasets``), and every worker's batch of every step.
 
-Sharding follows DistributedSampler's contract, made exact for equivalence: every epoch a permutation of
+Sharding: every epoch the data set is split into one shard per worker by the rule ``partition`` (see
+``partition``: ``uniform`` by default, ``stratified`` or ``random``), redrawn from ``(seed, epoch)``.
+Worker ``r`` takes batch ``t`` of its shard at step ``t`` of the epoch; every worker runs the same
+number of steps per epoch (BSP), the smallest shard's number of whole batches (``drop_last``).
+
+With ``uniform`` (DistributedSampler's contract, made exact for equivalence) every epoch a permutation of
 the data set is drawn from ``seed + epoch``; step ``t`` of that epoch uses the global batch
 ``perm[t*N*B:(t+1)*N*B]`` and worker ``r`` takes its contiguous slice ``[r*B:(r+1)*B]``. The union of the
-N workers' batches at step t is therefore exactly the single-process batch of N*B at step t. The last
-incomplete global batch of an epoch is dropped (``drop_last``), so every worker runs the same steps.
+N workers' batches at step t is therefore exactly the single-process batch of N*B at step t, and N
+workers reproduce single-process training bit for bit. ``stratified`` and ``random`` do not: their
+global batch at step t is N*B distinct samples, but not those a single process would draw.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from .models import NUM_CLASSES
+from . import partition as part
+from .datasets import CIFAR10_MEAN, CIFAR10_STD, ImageSet, SyntheticImages, build_dataset
+
+__all__ = ["MEAN", "STD", "ImageSet", "ShardedBatches", "SyntheticImages", "build_dataset", "normalization"]
 
 # CIFAR-10's channel statistics; the synthetic set is generated with the same scale of pixel values.
-MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
-STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)
+MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
 
 
-class SyntheticImages:
-    """``n`` uint8 images of 3x32x32 in 10 classes, generated from ``seed`` alone.
-
-    Each class has a smooth random prototype (low-resolution noise, upsampled); a sample is its class
-    prototype plus strong per-pixel noise and a random brightness shift. A CNN separates the classes
-    after some hundred steps, so the loss visibly falls but is not solved in the first few steps.
-    """
-
-    def __init__(self, n: int = 10_000, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        coarse = rng.normal(0, 1, size=(NUM_CLASSES, 3, 4, 4)).astype(np.float32)
-        protos = coarse.repeat(8, axis=2).repeat(8, axis=3)  # 10 x 3 x 32 x 32, blocky but distinct
-        self.labels = rng.integers(0, NUM_CLASSES, size=n).astype(np.int64)
-        noise = rng.standard_normal(size=(n, 3, 32, 32), dtype=np.float32)
-        shift = rng.normal(0, 0.3, size=(n, 1, 1, 1)).astype(np.float32)
-        noise *= 1.2
-        noise += 0.1 * protos[self.labels]
-        noise += shift
-        noise *= 40
-        noise += 128
-        self.images = np.clip(noise, 0, 255, out=noise).astype(np.uint8)
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-
-def build_dataset(name: str, num_samples: int, seed: int) -> SyntheticImages:
-    if name != "synthetic":
-        raise ValueError(f"unknown dataset {name!r}; available: synthetic")
-    return SyntheticImages(num_samples, seed)
+def normalization(data) -> tuple[torch.Tensor, torch.Tensor]:
+    """The data set's per-channel mean and std as 1 x C x 1 x 1 tensors (CIFAR-10's if it has none)."""
+    mean, std = getattr(data, "mean", None), getattr(data, "std", None)
+    if mean is None or std is None:
+        return MEAN, STD
+    return torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1), \
+        torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
 
 
 class ShardedBatches:
-    """Worker ``rank``'s batch of every global step; see the module docstring for the rule."""
+    """Worker ``rank``'s batch of every global step; see the module docstring for the rule.
 
-    def __init__(self, data: SyntheticImages, rank: int, world: int, batch_size: int, seed: int,
-                 augment: bool = False):
+    ``steps_per_epoch`` is the number of steps of every epoch, or None with ``partition="random"``,
+    whose shard sizes (and so steps) are redrawn every epoch: use ``steps_in_epoch(epoch)`` there.
+    """
+
+    def __init__(self, data: ImageSet, rank: int, world: int, batch_size: int, seed: int,
+                 augment: bool = False, partition: str = "uniform"):
+        if partition not in part.PARTITIONS:
+            raise ValueError(f"unknown partition {partition!r}; available: {', '.join(part.PARTITIONS)}")
         self.data, self.rank, self.world, self.batch = data, rank, world, batch_size
-        self.seed, self.augment = seed, augment
+        self.seed, self.augment, self.partition = seed, augment, partition
         self.global_batch = batch_size * world
-        self.steps_per_epoch = len(data) // self.global_batch
-        if self.steps_per_epoch < 1:
+        if len(data) < self.global_batch:
             raise ValueError(f"global batch {self.global_batch} exceeds the data set's {len(data)} samples")
-        self._epoch, self._perm = -1, None
+        self.steps_per_epoch = self.steps_in_epoch(0) if part.constant_steps(partition) else None
+        self.mean, self.std = normalization(data)
+        self.hflip = getattr(data, "hflip", True)
+        self._starts = [0]  # first global step of epochs 0, 1, ... (as far as computed)
+        self._epoch, self._shards = -1, None
+
+    def steps_in_epoch(self, epoch: int) -> int:
+        return part.steps_in_epoch(self.partition, len(self.data), self.world, self.batch, self.seed, epoch)
+
+    def epoch_of(self, step: int) -> tuple[int, int]:
+        """(epoch, step within that epoch) of global step ``step``."""
+        if self.steps_per_epoch is not None:
+            return divmod(step, self.steps_per_epoch)
+        while self._starts[-1] <= step:
+            self._starts.append(self._starts[-1] + self.steps_in_epoch(len(self._starts) - 1))
+        epoch = int(np.searchsorted(self._starts, step, side="right")) - 1
+        return epoch, step - self._starts[epoch]
+
+    def shards(self, epoch: int) -> list[np.ndarray]:
+        """Every worker's shard of ``epoch`` (cached for the current epoch)."""
+        if epoch != self._epoch:
+            self._shards = part.shards(self.partition, self.data.labels, self.world, self.batch, self.seed,
+                                       epoch)
+            self._epoch = epoch
+        return self._shards
+
+    def indices(self, step: int, rank: int | None = None) -> np.ndarray:
+        """The data set indices of worker ``rank``'s (default: this worker's) batch at ``step``."""
+        epoch, t = self.epoch_of(step)
+        shard = self.shards(epoch)[self.rank if rank is None else rank]
+        return shard[t * self.batch:(t + 1) * self.batch]
 
     def global_indices(self, step: int) -> np.ndarray:
-        epoch, t = divmod(step, self.steps_per_epoch)
-        if epoch != self._epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = torch.randperm(len(self.data), generator=g).numpy()
-            self._epoch = epoch
-        return self._perm[t * self.global_batch:(t + 1) * self.global_batch]
+        """The union of the N workers' batches at ``step``, in rank order (with ``uniform``: exactly the
+        single-process batch of N*B at that step)."""
+        return np.concatenate([self.indices(step, r) for r in range(self.world)])
 
     def get(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lo = self.rank * self.batch
-        idx = self.global_indices(step)[lo:lo + self.batch]
+        idx = self.indices(step)
         x = torch.from_numpy(self.data.images[idx]).float().div_(255)
         if self.augment:
-            x = self._augment(x, step, lo)
-        x = (x - MEAN) / STD
+            x = self._augment(x, step, self.rank * self.batch)
+        x = (x - self.mean) / self.std
         return x, torch.from_numpy(self.data.labels[idx])
 
     def _augment(self, x: torch.Tensor, step: int, lo: int) -> torch.Tensor:
-        """Random crop (pad 4) and horizontal flip. The random draws are made for the whole global batch
-        from (seed, step) and sliced, so a sample is augmented the same way whichever worker holds it."""
+        """Random crop (pad 4) and, where the data set allows it (``hflip``), horizontal flip. The random
+        draws are made for the whole global batch from (seed, step) and sliced, so a sample is augmented
+        the same way whichever worker holds it."""
         g = torch.Generator().manual_seed(self.seed * 7_919 + step)
         flips = torch.rand(self.global_batch, generator=g)[lo:lo + self.batch] < 0.5
         offs = torch.randint(0, 9, (self.global_batch, 2), generator=g)[lo:lo + self.batch]
+        h, w = x.shape[-2:]
         padded = torch.nn.functional.pad(x, (4, 4, 4, 4))
         out = torch.empty_like(x)
         for i in range(len(x)):
             dy, dx = int(offs[i, 0]), int(offs[i, 1])
-            img = padded[i, :, dy:dy + 32, dx:dx + 32]
-            out[i] = img.flip(-1) if flips[i] else img
+            img = padded[i, :, dy:dy + h, dx:dx + w]
+            out[i] = img.flip(-1) if self.hflip and flips[i] else img
         return out
