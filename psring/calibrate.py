@@ -1,0 +1,179 @@
+"""Measure this setup's alpha (per-message latency) and B (bandwidth) for ``psring.costmodel``.
+
+Ping-pong over the PS's raw transport: a DEALER sends one message of m bytes (in ``frame_bytes``
+frames, as the PS splits its tensors, sent with ``copy=False``) to the ZeroMQ echo server
+(``psring.bench.echo``) and waits for it to come back. Per size the median round trip over
+``repeats`` (after ``warmup``) is taken; ``t(m) = alpha + m/B`` is fitted by least squares to the
+one-way times (rtt/2) - by default alpha from the smallest size and B by least squares over all of
+them (see ``fit_link``). The table keeps each size's fitted time and relative error: on loopback, caches
+make mid-sized messages faster than the line through the largest ones.
+
+Run ``python -m psring.calibrate --out DIR``: writes ``DIR/calibration.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import re
+import shlex
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from .bench.runner import parse_size, size_range
+from .costmodel import Link, save_calibration
+from .launch.children import Children
+from .launch.launcher import start_listeners
+
+DEFAULT_SIZES = size_range(64, 16 << 20, 4)  # 64 B, 256 B, ..., 4 MB, 16 MB
+
+
+def fit_link(sizes: list[int], one_way_s: list[float], method: str = "anchored") -> tuple[Link, float]:
+    """``(Link(alpha, B), R^2)`` of ``t = alpha + m/B`` fitted to one-way times (R^2 unweighted).
+
+    ``anchored``: the least-squares line through the smallest size's point, so alpha is that message's
+    time (less its m/B) and B is set by the large sizes: the model's own definitions (zero-size
+    latency, large-message bandwidth). ``relative``: both by least squares weighted by 1/t (every size counts by its relative
+    error). A plain fit would let the largest sizes' noise decide alpha, often below zero.
+
+    >>> link, r2 = fit_link([64, 1000, 2000], [1e-5 + 64e-8, 2e-5, 3e-5])
+    >>> round(link.alpha_s, 9), round(link.bandwidth_Bps), round(r2, 6)
+    (1e-05, 100000000, 1.0)
+    """
+    x, y = np.asarray(sizes, dtype=float), np.asarray(one_way_s, dtype=float)
+    if len(set(sizes)) < 2:
+        raise ValueError("need at least two different sizes to fit alpha and B")
+    if method == "anchored":
+        i = int(np.argmin(x))  # the least-squares line through the smallest size's point (m0, t0)
+        slope = float(np.sum(x * (y - y[i])) / np.sum(x * (x - x[i])))
+        alpha = float(y[i] - x[i] * slope)
+    elif method == "relative":
+        slope, alpha = (float(v) for v in np.polyfit(x, y, 1, w=1.0 / y))
+    else:
+        raise ValueError(f"unknown fit method {method!r}; use 'anchored' or 'relative'")
+    if not (slope > 0 and alpha > 0 and np.isfinite(slope) and np.isfinite(alpha)):
+        raise ValueError(f"the fit t = {alpha:.3g} + m * {slope:.3g} is not physical; "
+                         f"measure a wider range of sizes (from 64 B) or more repeats")
+    tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum((y - alpha - slope * x) ** 2)) / tot if tot > 0 else 1.0
+    return Link(alpha, 1.0 / slope), r2
+
+
+def _with_port(address: str, reported: str) -> str:
+    """``tcp://host`` + the reported ``tcp://127.0.0.1:PORT`` -> ``tcp://host:PORT``."""
+    return address if re.search(r":\d+$", address) else f"{address}:{reported.rsplit(':', 1)[1]}"
+
+
+def ping_pong(sock: zmq.Socket, size: int, repeats: int, warmup: int, frame_bytes: int | None,
+              timeout_s: float) -> list[float]:
+    """Round-trip times of ``repeats`` messages of ``size`` bytes, one at a time."""
+    buf = memoryview(np.ones(size, dtype=np.uint8)).cast("B")
+    step = frame_bytes or size
+    frames = [buf[o:o + step] for o in range(0, size, step)]
+    times = []
+    for i in range(warmup + repeats):
+        t0 = time.perf_counter()
+        sock.send_multipart(frames, copy=False)
+        if not sock.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no echo of a {size}-byte message within {timeout_s} s")
+        got = sock.recv_multipart(copy=False)
+        dt = time.perf_counter() - t0
+        if sum(len(f) for f in got) != size:
+            raise RuntimeError(f"echo returned {sum(len(f) for f in got)} bytes, sent {size}")
+        if i >= warmup:
+            times.append(dt)
+    return times
+
+
+def calibrate(address: str | None = None, sizes: list[int] | None = None, repeats: int = 30, warmup: int = 3,
+              frame_bytes: int | None = 1 << 20, timeout_s: float = 30.0, prefix: list[str] | None = None,
+              workdir: str | Path | None = None, fit: str = "anchored") -> tuple[Link, list[dict]]:
+    """Fit ``Link(alpha, B)`` to ping-pongs with an echo server; also return the per-size table.
+
+    ``address=None``: start an echo server here (under the command ``prefix`` if given, e.g.
+    ``["ip", "netns", "exec", "ns1"]``) and use the address it reports; with ``address`` and a
+    ``prefix``, start it under the prefix but connect to ``address`` (one without a port, e.g.
+    ``tcp://10.0.0.2``, takes the port the server reports); with ``address`` alone, connect to an echo
+    server already running there. The echo server is always stopped before returning.
+    ``workdir`` holds its port file and log (a temporary directory if None); ``fit``: see ``fit_link``.
+    """
+    sizes = sorted(set(sizes or DEFAULT_SIZES))
+    kids, ctx, sock = Children(), zmq.Context(), None
+    tmp = tempfile.TemporaryDirectory(prefix="psring-calibrate-") if workdir is None else None
+    wd = Path(tmp.name if tmp else workdir)
+    try:
+        if address is None or prefix:
+            pf = wd / "calibrate-echo.addr"
+            argv = [*(prefix or []), sys.executable, "-m", "psring.bench.echo", "--port-file", str(pf),
+                    "--idle-timeout", str(max(60.0, 2 * timeout_s))]
+            [reported] = start_listeners(kids, [("calibrate echo", argv, pf, wd / "calibrate-echo.log")])
+            address = reported if address is None else _with_port(address, reported)
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.connect(address)
+        table = []
+        for size in sizes:
+            rtts = ping_pong(sock, size, repeats, warmup, frame_bytes, timeout_s)
+            rtt = statistics.median(rtts)
+            table.append({"size_bytes": size, "rtt_s": rtt, "one_way_s": rtt / 2, "repeats": len(rtts),
+                          "rtt_min_s": min(rtts), "rtt_max_s": max(rtts)})
+    finally:
+        if sock is not None:
+            sock.close(linger=0)
+        ctx.term()
+        kids.stop_all(grace_s=2)
+        if tmp:
+            tmp.cleanup()
+    link, _ = fit_link([r["size_bytes"] for r in table], [r["one_way_s"] for r in table], fit)
+    for r in table:
+        r["fit_s"] = link.time(r["size_bytes"])
+        r["rel_err"] = r["one_way_s"] / r["fit_s"] - 1
+    return link, table
+
+
+def summary(link: Link, table: list[dict], r2: float) -> str:
+    worst = max(table, key=lambda r: abs(r["rel_err"]))
+    return (f"alpha {link.alpha_s * 1e6:.1f} us  bandwidth {link.bandwidth_Bps / 1e9:.2f} GB/s  "
+            f"(fit over {len(table)} sizes, R^2 {r2:.3f}; worst: {worst['size_bytes']:,d} B "
+            f"measured {worst['rel_err']:+.0%} vs the fit)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="python -m psring.calibrate", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=".", help="directory for calibration.json")
+    ap.add_argument("--sizes", help="comma-separated sizes (e.g. 64,4K,1M); default 64 B to 16 MB by x4")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--frame-bytes", type=parse_size, default=1 << 20,
+                    help="split messages into frames of this size, as the PS does (default 1M)")
+    ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for any one echo")
+    ap.add_argument("--address", help="connect here (an echo server already running, or the prefix's)")
+    ap.add_argument("--fit", choices=["anchored", "relative"], default="anchored",
+                    help="anchored: alpha from the smallest size, B by least squares (default)")
+    ap.add_argument("--prefix", help="run the echo server under this command, e.g. 'ip netns exec ns1'")
+    a = ap.parse_args(argv)
+    sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    link, table = calibrate(a.address, sizes, a.repeats, a.warmup, a.frame_bytes, a.timeout,
+                            shlex.split(a.prefix) if a.prefix else None, workdir=out, fit=a.fit)
+    _, r2 = fit_link([r["size_bytes"] for r in table], [r["one_way_s"] for r in table], a.fit)
+    meta = {"r2": r2, "fit": a.fit, "fitted_from": table, "frame_bytes": a.frame_bytes,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "host": socket.gethostname(), "platform": platform.platform(),
+            "command": shlex.join([sys.executable, "-m", "psring.calibrate", *argv])}
+    save_calibration(link, out / "calibration.json", meta)
+    print(summary(link, table, r2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
