@@ -19,13 +19,26 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", "-n", type=int, default=d.workers, help="number of workers N")
     p.add_argument("--servers", "-s", type=int, default=d.servers, help="PS server processes S (--sync ps)")
     p.add_argument("--model", default=d.model, help="cnn | resnet18 | resnet18_narrow (default %(default)s)")
-    p.add_argument("--dataset", default=d.dataset, help="synthetic (default)")
-    p.add_argument("--num-samples", type=int, default=d.num_samples, help="size of the synthetic data set")
+    p.add_argument("--dataset", default=d.dataset, help="synthetic (default) | cifar10 | digits")
+    p.add_argument("--num-samples", type=int, default=d.num_samples,
+                   help="training samples (default: the whole set; synthetic generates 10,000)")
+    p.add_argument("--data-dir", default=d.data_dir, help="cifar10: folder of the binary files "
+                   "(default $PSRING_DATA or ~/.cache/psring)")
+    p.add_argument("--partition", default=d.partition, help="uniform | stratified | random (default %(default)s)")
+    p.add_argument("--no-eval", action="store_false", dest="eval",
+                   help="skip the test-set accuracy at the end of every epoch and of the run")
     p.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="per-worker batch size B")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.optim.lr)
     p.add_argument("--momentum", type=float, default=d.optim.momentum)
     p.add_argument("--weight-decay", type=float, default=d.optim.weight_decay)
+    p.add_argument("--optimizer", default=d.optim.name, help="sgd | adam (default %(default)s)")
+    p.add_argument("--consistency", default=d.consistency,
+                   help="ps: bsp | ssp | asp (default %(default)s); see --staleness")
+    p.add_argument("--staleness", type=int, default=d.staleness, help="ps: SSP's bound k (default %(default)s)")
+    p.add_argument("--ps-design", default=d.ps_design,
+                   help="ps: server-optimizer (servers update) | aggregate (servers sum, workers update)")
+    p.add_argument("--straggler", default=d.straggler, help="RANK:FACTOR: slow one worker's compute FACTOR times")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--augment", action="store_true", help="random crop + horizontal flip")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0 = cores/N)")
@@ -40,6 +53,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="communicate only after backward (default: each bucket as soon as it is ready)")
     p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
+    p.add_argument("--net", default=d.net, help="loopback (default) | emulated: every worker and server in its "
+                   "own network namespace behind a rate-limited link (root)")
+    p.add_argument("--link-rate", default=d.link_rate, help="--net emulated: each host's link, e.g. 100mbit, "
+                   "1gbit, 10gbit (default %(default)s)")
+    p.add_argument("--server-link-rate", default=d.server_link_rate, help="--net emulated: PS servers' links")
+    p.add_argument("--link-delay", default=d.link_delay, help="--net emulated: one-way delay, e.g. 1ms (netem)")
+    p.add_argument("--compute", default=d.compute, help="real (default) | emulated | emulated:MS: replace "
+                   "forward+backward by a wait (default: the measured single-worker time)")
     p.add_argument("--out", default=d.out, help="output directory (default %(default)s)")
 
 
@@ -49,7 +70,11 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
                       warmup=a.warmup, log_every=a.log_every, out=a.out, trace=a.trace,
                       bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb,
-                      optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay))
+                      data_dir=a.data_dir, partition=a.partition, eval=a.eval, consistency=a.consistency,
+                      staleness=a.staleness, ps_design=a.ps_design, straggler=a.straggler, net=a.net,
+                      link_rate=a.link_rate, server_link_rate=a.server_link_rate, link_delay=a.link_delay,
+                      compute=a.compute,
+                      optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, name=a.optimizer))
     return cfg.validate()
 
 

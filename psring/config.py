@@ -13,8 +13,13 @@ from pathlib import Path
 
 SYNCS = ("ps", "allreduce", "ddp", "none")
 MODELS = ("cnn", "resnet18", "resnet18_narrow")
-DATASETS = ("synthetic",)
+DATASETS = ("synthetic", "cifar10", "digits")
 BACKENDS = ("auto", "gloo", "nccl")
+OPTIMIZERS = ("sgd", "adam")
+PARTITIONS = ("uniform", "stratified", "random")
+CONSISTENCY = ("bsp", "ssp", "asp")
+PS_DESIGNS = ("server-optimizer", "aggregate")
+NETS = ("loopback", "emulated")
 
 
 class ConfigError(ValueError):
@@ -23,13 +28,24 @@ class ConfigError(ValueError):
 
 @dataclass
 class OptimConfig:
-    """SGD hyper-parameters; the same values drive the workers' optimizer and the PS servers' optimizer."""
+    """Optimizer hyper-parameters; the same values drive the workers' optimizer and the PS servers' one.
+    ``momentum`` is SGD's; ``betas`` and ``eps`` are Adam's."""
 
     lr: float = 0.05
     momentum: float = 0.9
     weight_decay: float = 5e-4
+    name: str = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
 
     def validate(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
+        self.betas = tuple(self.betas)
+        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
+            raise ConfigError(f"Adam betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise ConfigError(f"Adam eps must be > 0, got {self.eps}")
         if not self.lr > 0:
             raise ConfigError(f"--lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
@@ -45,7 +61,9 @@ class TrainConfig:
     servers: int = 1
     model: str = "cnn"
     dataset: str = "synthetic"
-    num_samples: int = 10_000
+    num_samples: int | None = None  # training samples; None = the whole set (synthetic: 10,000)
+    data_dir: str | None = None  # cifar10: folder of the binary files (default $PSRING_DATA, ~/.cache/psring)
+    partition: str = "uniform"  # how the training set is split over workers: uniform | stratified | random
     batch_size: int = 32
     steps: int = 50
     seed: int = 0
@@ -61,8 +79,26 @@ class TrainConfig:
     first_bucket_mb: float = 1.0  # smaller first bucket, so communication starts early in backward
     overlap: bool = True  # start each bucket's communication during backward
     frame_kb: int = 1024  # ps: pushed tensors are split over ZeroMQ frames of at most this size (0 = no split)
+    # --- parameter-server semantics (--sync ps) ---
+    consistency: str = "bsp"  # bsp | ssp | asp
+    staleness: int = 2  # SSP's bound k: a worker starting step t waits while the slowest is below t - k
+    ps_design: str = "server-optimizer"  # servers run the optimizer, or only sum gradients ("aggregate")
+    # --- experiments ---
+    straggler: str | None = None  # "RANK:FACTOR": that worker's compute takes FACTOR times as long
+    eval: bool = True  # test accuracy on the held-out split at the end of every epoch (and of the run)
+    # --- emulated cluster ---
+    net: str = "loopback"  # loopback | emulated (each worker and server in its own rate-limited namespace)
+    link_rate: str = "1gbit"  # --net emulated: every host's link, each direction
+    server_link_rate: str | None = None  # --net emulated: PS servers' links, if different
+    link_delay: str | None = None  # --net emulated: one-way delay (needs sch_netem)
+    compute: str = "real"  # real | emulated | emulated:MS (forward+backward replaced by a wait)
     out: str = "runs/latest"
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
+
+    @property
+    def samples(self) -> int:
+        """Training samples the run draws from (synthetic: generated; real sets: capped at their size)."""
+        return self.num_samples if self.num_samples is not None else 10_000
 
     @property
     def global_batch(self) -> int:
@@ -82,7 +118,7 @@ class TrainConfig:
             raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        for name in ("workers", "batch_size", "steps", "num_samples", "log_every"):
+        for name in ("workers", "batch_size", "steps", "log_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if not (self.bucket_mb > 0 and self.first_bucket_mb > 0):
@@ -100,13 +136,59 @@ class TrainConfig:
                 raise ConfigError(f"--servers must be >= 1, got {self.servers}")
         elif self.servers != 1:
             raise ConfigError(f"--servers only applies to --sync ps (got --sync {self.sync} --servers {self.servers})")
-        if self.global_batch > self.num_samples:
+        if self.num_samples is not None and self.num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+        if self.dataset == "synthetic" and self.global_batch > self.samples:
             raise ConfigError(
                 f"global batch {self.global_batch} (= --batch-size {self.batch_size} x --workers {self.workers}) "
-                f"exceeds the data set's {self.num_samples} samples; lower one or raise --num-samples"
+                f"exceeds the data set's {self.samples} samples; lower one or raise --num-samples"
             )
+        self._validate_choices()
         self.optim.validate()
+        if self.dataset != "synthetic":
+            from .train.datasets import check_available
+
+            try:
+                check_available(self.dataset, self.data_dir)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         return self
+
+    def _validate_choices(self) -> None:
+        for flag, value, allowed in (("--partition", self.partition, PARTITIONS),
+                                     ("--consistency", self.consistency, CONSISTENCY),
+                                     ("--ps-design", self.ps_design, PS_DESIGNS), ("--net", self.net, NETS)):
+            if value not in allowed:
+                raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
+        if self.sync != "ps" and (self.consistency != "bsp" or self.ps_design != "server-optimizer"):
+            raise ConfigError(f"--consistency and --ps-design apply to --sync ps only (got --sync {self.sync})")
+        if self.staleness < 0:
+            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
+        if self.straggler is not None:
+            rank, _, factor = self.straggler.partition(":")
+            try:
+                r, f = int(rank), float(factor)
+            except ValueError:
+                raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {self.straggler!r}") from None
+            if not (0 <= r < self.workers and f >= 1):
+                raise ConfigError(f"--straggler {self.straggler}: rank must be in 0..{self.workers - 1} "
+                                  f"and factor >= 1")
+        mode, _, ms = self.compute.partition(":")
+        if mode not in ("real", "emulated") or (ms and mode != "emulated"):
+            raise ConfigError(f"--compute must be real, emulated or emulated:MS, got {self.compute!r}")
+        if ms:
+            try:
+                ok = float(ms) > 0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError(f"--compute emulated:MS needs a positive number of milliseconds, got {ms!r}")
+
+    def straggler_factor(self, rank: int) -> float:
+        if self.straggler is None:
+            return 1.0
+        r, _, f = self.straggler.partition(":")
+        return float(f) if int(r) == rank else 1.0
 
     # --- serialisation: config.json is the resolved config, and how workers receive it ---------------
     def to_dict(self) -> dict:
@@ -119,7 +201,10 @@ class TrainConfig:
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(sorted(unknown))}")
-        d["optim"] = OptimConfig(**d.get("optim", {}))
+        optim = dict(d.get("optim", {}))
+        if "betas" in optim:
+            optim["betas"] = tuple(optim["betas"])
+        d["optim"] = OptimConfig(**optim)
         return cls(**d)
 
     def save(self, path: Path) -> None:

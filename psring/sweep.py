@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 import time
 import tomllib
 from pathlib import Path
@@ -107,6 +108,12 @@ def flat_config(cfg: TrainConfig) -> dict:
     return d
 
 
+def _key(v) -> str:
+    """A setting as comparable text; unset (None, or NaN once read back from CSV) is ''. (pandas 3 keeps
+    NaN missing under ``astype(str)``, so NaN never equals NaN there.)"""
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
 def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
     """speedup = samples/s over the N=1 run of the same sweep with the same other settings (``none`` if
     the sweep has it, else the same strategy); efficiency = speedup / N."""
@@ -117,7 +124,7 @@ def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
     for i, row in df[df["status"] == "ok"].iterrows():
         same = ok
         for c in cfg_cols:
-            same = same[same[c].astype(str) == str(row[c])]
+            same = same[same[c].map(_key) == _key(row[c])]
         base = same[same["sync"] == "none"]
         if base.empty:
             base = same[same["sync"] == row["sync"]]

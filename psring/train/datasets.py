@@ -131,6 +131,24 @@ def read_cifar10_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(raw[:, 1:]).reshape(-1, 3, 32, 32), labels
 
 
+def check_available(name: str, data_dir: str | os.PathLike | None = None) -> None:
+    """Raise the loaders' one-line ValueError now, before any process starts, if ``name`` cannot load."""
+    if name == "cifar10":
+        folder = cifar10_dir(data_dir)
+        for f in CIFAR10_FILES["train"] + CIFAR10_FILES["test"]:
+            if not (folder / f).is_file():
+                load_cifar10(data_dir, "train" if f in CIFAR10_FILES["train"] else "test")  # raises
+            if (folder / f).stat().st_size % CIFAR10_RECORD:
+                read_cifar10_file(folder / f)  # raises
+    elif name == "digits":
+        try:
+            import sklearn  # noqa: F401
+        except ImportError:
+            from .digits import INSTALL_HINT
+
+            raise ValueError(INSTALL_HINT) from None
+
+
 def load_cifar10(data_dir: str | os.PathLike | None = None, split: str = "train") -> ImageSet:
     """CIFAR-10's train (``data_batch_1.bin`` ... ``data_batch_5.bin``) or test (``test_batch.bin``) split,
     from ``cifar10_dir(data_dir)``; a missing file raises a ValueError that says what to download where."""

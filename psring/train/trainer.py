@@ -41,7 +41,7 @@ def train(cfg: TrainConfig) -> None:
 
 
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
-    data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed)
+    data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
     batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment)
     model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
     model.train()
