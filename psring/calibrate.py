@@ -113,6 +113,8 @@ def calibrate(address: str | None = None, sizes: list[int] | None = None, repeat
             pf = wd / "calibrate-echo.addr"
             argv = [*(prefix or []), sys.executable, "-m", "psring.bench.echo", "--port-file", str(pf),
                     "--idle-timeout", str(max(60.0, 2 * timeout_s))]
+            if address is not None:  # listen where we will connect (e.g. another namespace's address)
+                argv += ["--bind", address.removeprefix("tcp://").rsplit(":", 1)[0]]
             [reported] = start_listeners(kids, [("calibrate echo", argv, pf, wd / "calibrate-echo.log")])
             address = reported if address is None else _with_port(address, reported)
         sock = ctx.socket(zmq.DEALER)

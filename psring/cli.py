@@ -1,4 +1,5 @@
-"""The ``psring`` command. Sub-commands: train, worker, server, compare, sweep, bench.
+"""The ``psring`` command. Sub-commands: train, worker, server, compare, sweep, bench (here), and
+calibrate, plot, net cleanup (``tools.py``).
 
 Errors a user can fix (bad flags, unwritable output, a failed process) end with one line on stderr and a
 non-zero exit (2 for bad input, 1 for a failed run, 130 for Ctrl-C); details stay in the run's logs/.
@@ -234,6 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="output directory (default results/bench)")
     b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
     b.set_defaults(func=cmd_bench)
+
+    from .tools import add_tool_parsers
+
+    add_tool_parsers(sub)  # calibrate, plot, net cleanup
     return p
 
 

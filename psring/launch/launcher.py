@@ -17,6 +17,7 @@ from pathlib import Path
 from ..config import ConfigError, TrainConfig
 from ..metrics.summary import finalize_run
 from .children import Child, Children, describe_exit, last_line
+from .placement import Placement
 
 SERVER_START_TIMEOUT_S = 60.0
 
@@ -45,14 +46,15 @@ def prepare_out(out: Path) -> None:
         raise ConfigError(f"cannot write to output directory {out}: {e.strerror}") from None
 
 
-def start_servers(cfg: TrainConfig, out: Path, kids: Children) -> list[str]:
+def start_servers(cfg: TrainConfig, out: Path, kids: Children, place: Placement) -> list[str]:
     """Start ``cfg.servers`` PS processes on random ports; return their addresses once all listen."""
     specs = []
     for i in range(cfg.servers):
         pf = out / "servers" / f"server{i}.addr"
-        argv = [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
-                "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60)),
-                "--metrics", str(out / "servers" / f"server{i}.jsonl")]
+        prefix, addr = place.server(i)
+        argv = prefix + [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
+                         "--bind", addr, "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60)),
+                         "--metrics", str(out / "servers" / f"server{i}.jsonl")]
         specs.append((f"server {i}", argv, pf, out / "logs" / f"server{i}.log"))
     return start_listeners(kids, specs)
 
@@ -82,13 +84,14 @@ def child_env(threads: int, **extra) -> dict:
     return env
 
 
-def start_workers(cfg: TrainConfig, out: Path, kids: Children, echo: bool = True) -> list[Child]:
+def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement, echo: bool = True) -> list[Child]:
     port = free_port()
+    master = place.worker(0)[1]  # rank 0 hosts torch.distributed's TCP store
     workers = []
     for r in range(cfg.workers):
         env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, LOCAL_RANK=r,
-                        LOCAL_WORLD_SIZE=cfg.workers, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
-        argv = [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
+                        LOCAL_WORLD_SIZE=cfg.workers, MASTER_ADDR=master, MASTER_PORT=port, **place.worker_env())
+        argv = place.worker(r)[0] + [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
         workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
                                   stdout_to_terminal=echo and r == 0))
     return workers
@@ -137,20 +140,41 @@ def launch(cfg: TrainConfig, echo: bool = True) -> dict:
     cfg.validate()
     out = Path(cfg.out)
     prepare_out(out)
+    resolve_compute(cfg, echo)
     kids = Children()
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    place = None
     try:
+        place = Placement(cfg)
+        if echo and place.net is not None:
+            print(f"psring: network: {place.describe()}", flush=True)
         servers = []
         if cfg.sync == "ps":
-            cfg.ps_addrs = start_servers(cfg, out, kids)
+            cfg.ps_addrs = start_servers(cfg, out, kids, place)
             servers = kids.children[:]
         cfg.save(out / "config.json")
-        workers = start_workers(cfg, out, kids, echo)
+        workers = start_workers(cfg, out, kids, place, echo)
         watch(workers, servers)
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         kids.stop_all()
+        if place is not None:
+            place.close()  # after the processes inside it are gone
         signal.signal(signal.SIGTERM, old)
     return finalize_run(out, cfg.to_dict())
+
+
+def resolve_compute(cfg: TrainConfig, echo: bool) -> None:
+    """``--compute emulated`` without MS: measure one worker's forward+backward once, with every core, so
+    every emulated worker waits as long as a single real one computes (recorded in config.json)."""
+    if cfg.compute != "emulated":
+        return
+    from ..train.emulation import measure_compute_ms
+
+    ms = measure_compute_ms(cfg.model, cfg.batch_size, os.cpu_count() or 1, cfg.seed)
+    cfg.compute = f"emulated:{ms:.1f}"
+    if echo:
+        print(f"psring: compute emulated: {ms:.1f} ms per step (measured: {cfg.model}, batch {cfg.batch_size})",
+              flush=True)

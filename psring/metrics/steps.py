@@ -30,6 +30,10 @@ class StepRecord:
     time: float  # wall clock (Unix seconds) at the end of the step
     sync_phases: dict = field(default_factory=dict)  # e.g. push_s/wait_s/pull_s; written as own columns
     messages: list | None = None  # with --trace: [name, start after sync began (s), duration (s)] each
+    epoch: int = 0
+    test_acc: float | None = None  # held-out accuracy after this step (at the end of an epoch)
+    wire_tx_bytes: int | None = None  # bytes the kernel counted on this worker's own link (--net emulated)
+    wire_rx_bytes: int | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)

@@ -54,6 +54,9 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["sync_share"] = out["share_sync"]
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
+    for k in ("wire_tx_bytes", "wire_rx_bytes"):  # counted by the kernel per worker (--net emulated)
+        col = pd.to_numeric(timed[k], errors="coerce") if k in timed else None
+        out[f"{k}_per_step"] = _num(col.mean()) if col is not None and col.notna().all() else None
     if servers is not None and not servers.empty:
         st = servers[servers["step"].isin(timed_ids)]
         out["server_bytes_recv_per_step"] = _num(st["bytes_recv"].mean())
@@ -64,6 +67,11 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     losses = steps[steps["step"].isin(complete)].groupby("step")["loss"].mean()
     out["first_loss"] = _num(losses.iloc[0]) if len(losses) else None
     out["final_loss"] = _num(losses.iloc[-1]) if len(losses) else None
+    # held-out accuracy at epoch ends, as rank 0 measured it (the same everywhere under BSP)
+    acc = steps[(steps["rank"] == 0) & steps["test_acc"].notna()] if "test_acc" in steps else steps.iloc[:0]
+    out["final_test_acc"] = _num(acc["test_acc"].iloc[-1]) if len(acc) else None
+    out["best_test_acc"] = _num(acc["test_acc"].max()) if len(acc) else None
+    out["epochs_evaluated"] = len(acc)
     return out
 
 

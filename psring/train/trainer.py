@@ -18,9 +18,12 @@ import torch.nn.functional as F
 
 from ..config import TrainConfig
 from ..metrics.steps import PhaseClock, StepLog, StepRecord
+from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
 from ..sync.process_group import destroy_process_group, env_rank
 from .data import ShardedBatches, build_dataset
+from .emulation import EmulatedCompute, parse_compute
+from .evaluate import evaluate
 from .models import build_model
 
 
@@ -42,29 +45,52 @@ def train(cfg: TrainConfig) -> None:
 
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
-    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment)
+    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition)
     model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
     model.train()
+    emulated_ms = parse_compute(cfg.compute)
+    emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
+    test = None  # the held-out split, loaded at the first epoch end
+    slow = cfg.straggler_factor(rank)
     clock = PhaseClock(sync.device)
+    compute_s = 0.0  # the previous step's forward+backward, which a straggler stretches by (slow - 1)
+    wire = WireCounter()
     with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
         for step in range(cfg.steps):
             t0 = clock.now()
             x, y = batches.get(step)
             x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
             t1 = clock.now()
-            loss = F.cross_entropy(model(x), y)
+            if emu is not None:
+                loss = emu.forward(slow)
+            else:
+                if slow > 1 and compute_s:  # before forward, so this worker's gradients are late too
+                    time.sleep((slow - 1) * compute_s)
+                tc = clock.now()
+                loss = F.cross_entropy(model(x), y)
             t2 = clock.now()
             model.zero_grad(set_to_none=False)
             loss.backward()
             t3 = clock.now()
+            if emu is None:
+                compute_s = t3 - tc  # this step's own forward+backward, without the straggler's sleep
             st = sync.step(step)
             t4 = clock.now()
+            wire_tx, wire_rx = wire.delta()
+            epoch, t = batches.epoch_of(step)
+            acc = None
+            if cfg.eval and emu is None and t + 1 == batches.steps_in_epoch(epoch):
+                # every worker evaluates: the same cost on every rank keeps the next step's timing unskewed
+                if test is None:
+                    test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, split="test")
+                acc = evaluate(getattr(model, "module", model), test, device=sync.device)
             rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
                              None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
                              st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
-                             st.messages if cfg.trace else None)
+                             st.messages if cfg.trace else None, epoch=epoch, test_acc=acc,
+                             wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx)
             log.write(rec)
-            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1):
+            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
                 print_step(rec, cfg)
     if rank == 0:
         save_model(getattr(model, "module", model), out / "model.pt")
@@ -72,8 +98,9 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
 
 def print_step(rec: StepRecord, cfg: TrainConfig) -> None:
     sync = "     -   " if rec.sync_s is None else f"{rec.sync_s * 1e3:7.1f} ms"
+    acc = "" if rec.test_acc is None else f"  test acc {rec.test_acc:.3f}"
     print(f"[{cfg.sync:>9} N={cfg.workers}] step {rec.step:5d}/{cfg.steps}  loss {rec.loss:7.4f}  "
-          f"step {rec.step_s * 1e3:7.1f} ms  sync {sync}", flush=True)
+          f"step {rec.step_s * 1e3:7.1f} ms  sync {sync}{acc}", flush=True)
 
 
 def save_model(model: torch.nn.Module, path: Path) -> None:

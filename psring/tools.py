@@ -1,0 +1,79 @@
+"""Sub-commands around the runs: ``psring calibrate``, ``psring plot``, ``psring net cleanup``.
+
+Kept apart from ``cli.py`` (training, sweeps, bench) so each file stays about one thing. Every command
+returns an exit code; user errors raise ``ConfigError`` (one line, exit 2).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+
+from .config import ConfigError
+
+
+def cmd_calibrate(a) -> int:
+    """Measure alpha and B over loopback, or over one emulated link (two hosts of ``--net emulated``)."""
+    args = ["--out", a.out, "--repeats", str(a.repeats)] + (["--sizes", a.sizes] if a.sizes else [])
+    if a.net == "loopback":
+        from .calibrate import main as calibrate_main
+
+        return calibrate_main(args)
+    if a.net != "emulated":
+        raise ConfigError(f"--net must be loopback or emulated, got {a.net!r}")
+    from .net import EmulatedNetwork, NetError, check_available
+
+    try:
+        check_available()
+        net = EmulatedNetwork(2, a.link_rate).open()
+    except NetError as e:
+        raise ConfigError(str(e).removeprefix("psring: ")) from None
+    try:  # the client runs on host 0, the echo server on host 1: every byte crosses both links
+        argv = net.exec_prefix(0) + [sys.executable, "-m", "psring.calibrate", *args,
+                                     "--prefix", shlex.join(net.exec_prefix(1)), "--address",
+                                     f"tcp://{net.hosts[1].addr}"]
+        return subprocess.run(argv, timeout=600).returncode
+    except subprocess.TimeoutExpired:
+        print("psring: error: calibration did not finish within 600 s", file=sys.stderr)
+        return 1
+    finally:
+        net.close()
+
+
+def cmd_net(a) -> int:
+    from .net import NetError, cleanup
+
+    try:
+        removed = cleanup(all_runs=a.all)
+    except NetError as e:
+        raise ConfigError(str(e).removeprefix("psring: ")) from None
+    print(f"removed {len(removed)} namespace(s)" + (": " + ", ".join(removed) if removed else ""))
+    return 0
+
+
+def cmd_plot(a) -> int:
+    from .plot import main as plot_main
+
+    return plot_main(a.argv)
+
+
+def add_tool_parsers(sub) -> None:
+    c = sub.add_parser("calibrate", help="measure latency alpha and bandwidth B for the cost model")
+    c.add_argument("--out", default="results/calibration", help="directory for calibration.json")
+    c.add_argument("--net", default="loopback", help="loopback (default) | emulated (one rate-limited link)")
+    c.add_argument("--link-rate", default="1gbit", help="--net emulated: the link's rate (default %(default)s)")
+    c.add_argument("--sizes", help="comma-separated message sizes (default 64 B to 16 MB by x4)")
+    c.add_argument("--repeats", type=int, default=30, help="round trips per size (median taken)")
+    c.set_defaults(func=cmd_calibrate)
+
+    n = sub.add_parser("net", help="emulated-network housekeeping")
+    nsub = n.add_subparsers(dest="net_cmd", required=True)
+    nc = nsub.add_parser("cleanup", help="delete namespaces left by psring runs that died")
+    nc.add_argument("--all", action="store_true", help="every psring namespace, even of runs still alive")
+    nc.set_defaults(func=cmd_net)
+
+    p = sub.add_parser("plot", help="regenerate the figures of a results folder from its CSVs",
+                       add_help=False)
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="FOLDER [options]; see `psring plot --help`")
+    p.set_defaults(func=cmd_plot)

@@ -1,0 +1,91 @@
+"""Training runs on an emulated cluster (``--net emulated``): traffic really crosses each host's shaped
+link, the kernel's byte counters confirm the ring's 2(N-1)/N*M per worker, and no namespace outlives a
+run, even one whose launcher is SIGKILLed. The link rates themselves are tested in test_net.py."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import processes_mentioning
+
+from psring.net import NetError, check_available
+from psring.train.models import build_model
+
+try:
+    check_available()
+    NET_SKIP = None
+except NetError as e:
+    NET_SKIP = str(e)
+needs_net = pytest.mark.skipif(NET_SKIP is not None, reason=NET_SKIP or "")
+
+
+def psring_namespaces(pid: int | None = None) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    names = [line.split()[0] for line in out.splitlines() if line.startswith("psr-")]
+    return [n for n in names if pid is None or n.startswith(f"psr-{pid}-")]
+
+
+def grad_bytes(model: str) -> int:
+    return sum(p.numel() * 4 for p in build_model(model, 0).parameters())
+
+
+@needs_net
+def test_allreduce_traffic_on_the_wire_is_the_ring_formula(psring, tmp_path):
+    n, out = 3, tmp_path / "ring"
+    r = psring.run("train", "--sync", "allreduce", "--workers", str(n), "--net", "emulated", "--link-rate",
+                   "1gbit", "--compute", "emulated:20", "--model", "resnet18_narrow", "--steps", "5",
+                   "--warmup", "2", "--out", str(out), timeout=240)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    ring = 2 * (n - 1) / n * grad_bytes("resnet18_narrow")
+    for k in ("wire_tx_bytes_per_step", "wire_rx_bytes_per_step"):  # counted by the kernel, headers included
+        assert ring <= s[k] <= 1.05 * ring, (k, s[k], ring)
+    assert psring_namespaces() == []
+
+
+@needs_net
+def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_path):
+    out = tmp_path / "ps"
+    r = psring.run("train", "--sync", "ps", "--workers", "2", "--servers", "1", "--net", "emulated",
+                   "--link-rate", "1gbit", "--compute", "emulated:20", "--model", "cnn", "--steps", "4",
+                   "--warmup", "1", "--out", str(out), timeout=240)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    m = grad_bytes("cnn")  # each worker pushes M and gets M back per step, over its own link
+    assert m <= s["wire_tx_bytes_per_step"] <= 1.1 * m and m <= s["wire_rx_bytes_per_step"] <= 1.1 * m, s
+    assert psring_namespaces() == []
+
+
+@needs_net
+def test_sigkilled_launcher_leaves_no_namespace_and_no_process(psring, tmp_path):
+    out = tmp_path / "killed"
+    p = psring.start("train", "--sync", "ps", "--workers", "2", "--net", "emulated", "--link-rate", "100mbit",
+                     "--compute", "emulated:50", "--model", "resnet18_narrow", "--steps", "1000", "--out", str(out))
+    deadline = time.monotonic() + 120
+    while not (out / "ranks" / "rank0.jsonl").exists() or not (out / "ranks" / "rank0.jsonl").stat().st_size:
+        assert p.poll() is None, p.stderr.read()
+        assert time.monotonic() < deadline, "the run never finished a step"
+        time.sleep(0.2)
+    assert psring_namespaces(p.pid), "the run's namespaces should exist while it runs"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(10)
+    deadline = time.monotonic() + 15
+    while psring_namespaces(p.pid) or processes_mentioning(str(out)):
+        assert time.monotonic() < deadline, (psring_namespaces(p.pid), processes_mentioning(str(out)))
+        time.sleep(0.2)
+
+
+def test_without_root_the_emulated_net_is_a_one_line_error(monkeypatch, capsys, tmp_path):
+    from psring import cli
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rc = cli.main(["train", "--net", "emulated", "--steps", "2", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "root" in err, err
+    rc = cli.main(["net", "cleanup"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "root" in err, err
