@@ -117,8 +117,13 @@ def cmd_server(a) -> int:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
-    return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics,
-                      a.frame_kb * 1024 if a.frame_kb > 0 else None)
+    import zmq
+
+    try:
+        return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics,
+                          a.frame_kb * 1024 if a.frame_kb > 0 else None)
+    except zmq.ZMQError as e:  # binding: port in use, address not on this host, ...
+        raise ConfigError(f"psring server on tcp://{a.bind}:{a.port}: {e}") from None
 
 
 def cmd_compare(a) -> int:

@@ -134,6 +134,7 @@ class TrainConfig:
         if self.sync == "ps":
             if self.servers < 1:
                 raise ConfigError(f"--servers must be >= 1, got {self.servers}")
+            self._check_shardable()
         elif self.servers != 1:
             raise ConfigError(f"--servers only applies to --sync ps (got --sync {self.sync} --servers {self.servers})")
         if self.num_samples is not None and self.num_samples < 1:
@@ -153,6 +154,15 @@ class TrainConfig:
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         return self
+
+    def _check_shardable(self) -> None:
+        """Every server must own at least one parameter tensor (servers hold whole tensors)."""
+        from .train.models import build_model
+
+        n = sum(1 for p in build_model(self.model, 0).parameters() if p.requires_grad)
+        if self.servers > n:
+            raise ConfigError(f"{self.servers} servers for {n} parameters: some servers would own nothing; "
+                              f"use --servers {n} or fewer")
 
     def _validate_choices(self) -> None:
         for flag, value, allowed in (("--partition", self.partition, PARTITIONS),

@@ -27,7 +27,7 @@ def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
 
 def test_more_servers_than_parameters_fails_naming_the_problem(psring, tmp_path):
     r = psring.run("train", "--sync", "ps", "--servers", "9", "--steps", "2", "--out", str(tmp_path / "r"))
-    assert r.returncode == 1
+    assert r.returncode == 2  # refused before anything starts
     assert "9 servers for 8 parameters" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
