@@ -1,7 +1,9 @@
-"""Every notebook under notebooks/ runs top to bottom, headless, without an error.
+"""Every notebook under notebooks/ runs top to bottom, headless, without an error, and is committed
+with its outputs cleared.
 
 The notebooks are executed in memory with nbclient (nothing is written back into the repository), with
-the notebooks directory as the working directory and matplotlib's non-interactive Agg backend.
+the notebooks directory as the working directory and matplotlib's non-interactive Agg backend. They
+read only the committed results/ folders, so all of them together take well under two minutes.
 
 The kernel is always *this* interpreter: the test writes a ``python3`` kernelspec that starts
 ``sys.executable -m ipykernel_launcher`` into a temporary directory and puts it first on JUPYTER_PATH.
@@ -29,6 +31,18 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, f"no *.ipynb in {NOTEBOOK_DIR}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_committed_clean(path: Path):
+    """Outputs cleared (small diffs, no stale figures) and a markdown cell first that says what it shows."""
+    nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    nbformat.validate(nb)
+    assert nb.cells and nb.cells[0].cell_type == "markdown", f"{path.name}: start with a markdown cell"
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
+    assert not dirty, f"{path.name}: clear the outputs of cells {dirty}"
+    assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL
+
+
 @pytest.fixture
 def kernel_env(tmp_path, monkeypatch):
     """A ``python3`` kernelspec for the current interpreter, found before any other; headless matplotlib."""
@@ -47,6 +61,7 @@ def kernel_env(tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_runs(path: Path, kernel_env):
     source = path.read_bytes()
+    before = sorted(NOTEBOOK_DIR.rglob("*"))
     nb = nbformat.reads(source.decode("utf-8"), as_version=4)
     client = nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=CELL_TIMEOUT_S,
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
@@ -58,3 +73,4 @@ def test_notebook_runs(path: Path, kernel_env):
     if error is not None:  # outside the except block, so the report is the cell's traceback alone
         pytest.fail(f"{path.name} failed:\n{error}", pytrace=False)
     assert path.read_bytes() == source, f"{path.name} was modified by running it"
+    assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{path.name} wrote files into {NOTEBOOK_DIR}"

@@ -1,0 +1,112 @@
+"""``psring plot FOLDER``: regenerate every figure of a results folder from its committed data.
+
+What is drawn depends on what the folder holds:
+
+* a sweep's ``runs.csv`` -> ``speedup`` (measured, ideal and cost-model speedup and sync time vs N)
+  and ``breakdown`` (median phase times per strategy and N); without ``runs.csv``, the
+  ``summary.json`` files of its run folders give ``breakdown`` alone;
+* ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
+* run folders (``steps.jsonl``, ``ranks/`` or ``trace.json``) -> ``timeline_<run>`` of the ps run and
+  the all-reduce run with the most workers (and servers).
+
+The cost model (alpha-beta, ``psring.costmodel``) needs the link's alpha and B: from
+``--calibration FILE`` or ``FOLDER/calibration.json`` (``python -m psring.calibrate --out FOLDER``);
+without one its curves are left out and the legend says so. Figures go to ``FOLDER/figures`` as PNG
+and SVG (``--formats``), written without dates so that the same data give the same files.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .breakdown import figure_breakdown
+from .common import FORMATS, find_calibration, run_folders, run_table, save, show
+from .message_size import figure_message_size, load_bench
+from .speedup import figure_speedup, model_curve
+from .timeline import figure_timeline, run_info
+
+__all__ = ["figure_breakdown", "figure_message_size", "figure_speedup", "figure_timeline", "main", "model_curve",
+           "plot_results", "show", "timeline_runs"]
+
+
+def timeline_runs(folder: Path) -> list[Path]:
+    """The ps run and the all-reduce run to draw: most workers, then most servers (first by name)."""
+    best: dict[str, tuple] = {}
+    for d in run_folders(folder):
+        info = run_info(d)
+        sync = info.get("sync")
+        if sync not in ("ps", "allreduce"):
+            continue
+        key = (int(info.get("workers") or 0), int(info.get("servers") or 0) if sync == "ps" else 0)
+        if sync not in best or key > best[sync][0]:
+            best[sync] = (key, d)
+    return [best[s][1] for s in ("ps", "allreduce") if s in best]
+
+
+def _stem(prefix: str, folder: Path, sub: Path) -> str:
+    rel = sub.relative_to(folder).as_posix()
+    rel = rel.removeprefix("runs/")
+    return prefix if rel in ("", ".") else f"{prefix}_{rel.replace('/', '-')}"
+
+
+def plot_results(folder: str | Path, calibration: str | Path | None = None,
+                 formats: tuple[str, ...] | list[str] = FORMATS, out: str | Path | None = None) -> list[Path]:
+    """Write every figure that applies to ``folder`` into ``out`` (default ``folder/figures``); return
+    the files written. Raises FileNotFoundError / ValueError on a missing folder or one without data."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a directory")
+    out = Path(out) if out else folder / "figures"
+    formats = tuple(formats)
+    link, source = find_calibration(folder, calibration)
+    note = (f"α = {link.alpha_s * 1e6:.0f} µs, B = {link.bandwidth_Bps / 1e9:.2f} GB/s ({Path(source).name})"
+            if link else "")
+    written: list[Path] = []
+
+    runs = run_table(folder)
+    if runs is not None and not runs.empty:
+        if "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1:
+            written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
+        if "step_s_p50" in runs:
+            written += save(figure_breakdown(runs), out, "breakdown", formats)
+
+    benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
+    for b in benches:
+        written += save(figure_message_size(load_bench(b), link, calibration_note=note), out,
+                        _stem("message_size", folder, b), formats)
+
+    for d in timeline_runs(folder):
+        written += save(figure_timeline([d]), out, _stem("timeline", folder, d), formats)
+
+    if not written:
+        raise ValueError(f"{folder} has nothing to plot: no runs.csv, bench.csv or run folders (steps.jsonl)")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(prog="psring plot", description=__doc__.splitlines()[0])
+    ap.add_argument("folder", help="a results folder, e.g. results/scaling")
+    ap.add_argument("--calibration", metavar="FILE",
+                    help="calibration.json for the cost model (default: FOLDER/calibration.json if present)")
+    ap.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
+    ap.add_argument("--out", metavar="DIR", help="where to write the figures (default FOLDER/figures)")
+    a = ap.parse_args(argv)
+    formats = tuple(f.strip().lower() for f in a.formats.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "svg", "pdf")]
+    try:
+        if bad or not formats:
+            raise ValueError(f"unknown format(s) {','.join(bad) or a.formats!r}; use png, svg or pdf")
+        paths = plot_results(a.folder, a.calibration, formats, a.out)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"psring plot: error: {msg}", file=sys.stderr)
+        return 2
+    for p in paths:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

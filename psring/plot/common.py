@@ -1,0 +1,167 @@
+"""What every figure module shares: a pyplot-free ``Figure``, deterministic saving, colours, units,
+and reading a folder's run table (``runs.csv``, or the ``summary.json`` of its run folders)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import matplotlib
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..costmodel import Link, load_calibration
+
+FORMATS = ("png", "svg")
+PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "sync": "tab:red",
+                "push": "#f4a6a6", "wait": "tab:red", "pull": "#8b1a1a", "update": "tab:green"}
+SERIES_COLORS = {"none": "tab:gray", "allreduce": "tab:blue", "ddp": "tab:cyan", "ps": "tab:red",
+                 "ps_colocated": "tab:purple"}
+PS_COLORS = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+# Config columns that say which run a row is, not under which settings the sweep ran it.
+IDENTITY = {"run_id", "sync", "workers", "servers", "seed", "out", "status", "error", "ps_addrs"}
+CONFIG_HINTS = {"model", "dataset", "num_samples", "batch_size", "steps", "augment", "threads", "backend",
+                "net", "link_rate", "server_link_rate", "link_delay", "compute", "straggler", "lr",
+                "momentum", "weight_decay", "partition"}
+
+
+def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
+    """A ``Figure`` with its own Agg canvas: nothing touches pyplot's global state or backend."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    return fig, axes
+
+
+def save(fig: Figure, out_dir: Path, stem: str, formats: tuple[str, ...] = FORMATS) -> list[Path]:
+    """Write ``out_dir/stem.<fmt>`` for each format, without dates or version strings, so that the
+    same data give the same files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = out_dir / f"{stem}.{fmt}"
+        meta = {"svg": {"Date": None, "Creator": None}, "png": {"Software": None},
+                "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}.get(fmt)
+        with matplotlib.rc_context({"svg.hashsalt": "psring", "svg.fonttype": "none"}):
+            fig.savefig(path, format=fmt, dpi=120, metadata=meta)
+        paths.append(path)
+    return paths
+
+
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def show(fig: Figure, dpi: int = 100) -> None:
+    """Display a figure of this package in a notebook (they are made outside pyplot), as a PNG."""
+    from IPython.display import Image, display
+
+    display(Image(png_bytes(fig, dpi)))
+
+
+def fmt_bytes(n: float) -> str:
+    """4096 -> '4 KiB', 2.18e6 -> '2.1 MiB' (binary units, as the bench's power-of-two sizes)."""
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            v = n / (1 << k)
+            return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (a crashed run) is skipped. (As
+    ``psring.metrics.steps.read_steps``, without importing torch.)"""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def is_num(x) -> bool:
+    try:
+        return x is not None and not math.isnan(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def run_folders(folder: Path, max_depth: int = 3) -> list[Path]:
+    """Run folders under ``folder`` (ones with ``steps.jsonl``, ``ranks/`` or ``trace.json``), sorted."""
+    found = []
+
+    def walk(d: Path, depth: int) -> None:
+        if (d / "steps.jsonl").is_file() or (d / "ranks").is_dir() or (d / "trace.json").is_file():
+            found.append(d)
+            return
+        if depth < max_depth:
+            for sub in sorted(p for p in d.iterdir() if p.is_dir() and p.name != "figures"):
+                walk(sub, depth + 1)
+
+    walk(folder, 0)
+    return found
+
+
+def run_table(folder: Path) -> pd.DataFrame | None:
+    """``runs.csv`` of a sweep (ok runs only), or a table built from the ``summary.json`` files of the
+    folder's runs (with their configs' settings); None if neither exists."""
+    csv = folder / "runs.csv"
+    if csv.is_file():
+        df = pd.read_csv(csv)
+        return df[df["status"] == "ok"].reset_index(drop=True) if "status" in df else df
+    rows = []
+    for d in run_folders(folder):
+        if not (d / "summary.json").is_file():
+            continue
+        row = json.loads((d / "summary.json").read_text())
+        cfg_file = d / "config.json"
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        row.update({k: v for k, v in cfg.items() if k in CONFIG_HINTS and k not in row})
+        row["run_id"] = d.relative_to(folder).as_posix()
+        rows.append(row)
+    return pd.DataFrame(rows) if rows else None
+
+
+def setting_key(v):
+    """Sort key for a setting's values: rates ("100mbit", "1gbit") by their bandwidth, numbers by value."""
+    if isinstance(v, str):
+        try:
+            return (0, Link.from_rate(v).bandwidth_Bps, "")
+        except ValueError:
+            return (1, 0.0, v)
+    return (0, float(v), "") if is_num(v) else (1, 0.0, str(v))
+
+
+def varying(df: pd.DataFrame) -> list[str]:
+    """Settings columns (not sync/workers/servers) whose values differ between rows."""
+    cols = [c for c in df.columns if c in CONFIG_HINTS and c not in IDENTITY]
+    return [c for c in cols if df[c].astype(str).nunique() > 1]
+
+
+def find_calibration(folder: Path, given: str | Path | None = None) -> tuple[Link | None, str]:
+    """The ``Link`` of ``given`` or of ``folder/calibration.json``, and where it came from."""
+    path = Path(given) if given else folder / "calibration.json"
+    if path.is_file():
+        return load_calibration(path), str(path)
+    if given:
+        raise FileNotFoundError(f"calibration file {given} not found")
+    return None, ""
+
+
+def gradient_bytes(runs: pd.DataFrame) -> float | None:
+    """M, the bytes of gradients each worker synchronizes, from a run table: all-reduce rows report
+    exactly 2(N-1)/N*M per step (derived), ps rows count M plus a few hundred bytes of headers."""
+    if "bytes_sent_per_step" not in runs:
+        return None
+    ar = runs[runs["sync"].isin(["allreduce", "ddp"]) & (runs["workers"] > 1)
+              & runs["bytes_sent_per_step"].map(is_num)]
+    ar = ar[ar["bytes_sent_per_step"] > 0]
+    if not ar.empty:
+        r = ar.iloc[0]
+        return float(r["bytes_sent_per_step"]) * r["workers"] / (2 * (r["workers"] - 1))
+    ps = runs[(runs["sync"] == "ps") & runs["bytes_sent_per_step"].map(is_num)]
+    return float(ps["bytes_sent_per_step"].min()) if not ps.empty else None

@@ -1,0 +1,154 @@
+"""``psring.plot``: every committed results folder plots to non-empty PNG and SVG files, the same data give
+the same files, bad input is one line and exit code 2, and the cost-model curve matches hand values."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from psring import plot
+from psring.costmodel import Link, save_calibration
+from psring.plot.common import gradient_bytes, run_table
+from psring.plot.speedup import compute_time, figure_speedup, model_curve, split_series
+from psring.plot.timeline import load_segments, segments_from_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir())
+# The figures each committed folder must give, at least (any further folder: just some figure).
+EXPECTED = {
+    "compare": {"speedup", "breakdown", "timeline_sync-ps_workers-2_servers-2",
+                "timeline_sync-allreduce_workers-2_servers-1"},
+    "scaling": {"speedup", "breakdown", "timeline_sync-ps_workers-4_servers-4",
+                "timeline_sync-allreduce_workers-4_servers-1"},
+    "message_size": {"message_size"},
+    "speed": {"breakdown", "message_size_p1", "message_size_p2", "timeline_p3-ps", "timeline_p3-allreduce"},
+}
+L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
+
+
+@pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
+def test_plot_results_writes_png_and_svg(folder, tmp_path):
+    paths = plot.plot_results(folder, out=tmp_path)
+    assert paths, folder
+    assert len(paths) == len(set(paths))
+    stems = {p.stem for p in paths}
+    assert EXPECTED.get(folder.name, set()) <= stems, stems
+    for stem in stems:
+        png, svg = tmp_path / f"{stem}.png", tmp_path / f"{stem}.svg"
+        assert png in paths and svg in paths
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+        text = svg.read_text()
+        assert "<svg" in text and "</svg>" in text and len(text) > 10_000
+    assert sorted(tmp_path.iterdir()) == sorted(paths)  # nothing else written
+
+
+def test_same_data_same_files(tmp_path):
+    a = plot.plot_results(ROOT / "results" / "message_size", out=tmp_path / "a")
+    b = plot.plot_results(ROOT / "results" / "message_size", out=tmp_path / "b")
+    for pa, pb in zip(a, b):
+        assert pa.read_bytes() == pb.read_bytes(), pa.name
+    svg = a[1].read_text()
+    assert "<dc:date>" not in svg and "Matplotlib v" not in svg
+
+
+def test_default_out_is_folder_figures_and_formats(tmp_path):
+    folder = tmp_path / "message_size"
+    shutil.copytree(ROOT / "results" / "message_size", folder)
+    paths = plot.plot_results(folder, formats=["svg"])
+    assert paths == [folder / "figures" / "message_size.svg"]
+
+
+def test_main_missing_folder_exit_2_one_line(tmp_path, capsys):
+    assert plot.main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("psring plot: error:") and "nope" in err
+
+
+@pytest.mark.parametrize("argv", [[], ["--formats", "gif"], ["--calibration", "missing.json"]],
+                         ids=["empty-folder", "bad-format", "missing-calibration"])
+def test_main_bad_input_exit_2(tmp_path, capsys, argv):
+    assert plot.main([str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("psring plot: error:")
+    assert not (tmp_path / "figures").exists()
+
+
+def test_main_prints_paths(tmp_path, capsys):
+    assert plot.main([str(ROOT / "results" / "message_size"), "--out", str(tmp_path), "--formats", "png"]) == 0
+    assert capsys.readouterr().out.split() == [str(tmp_path / "message_size.png")]
+
+
+def test_model_curve_hand_values():
+    ring = model_curve([1, 2, 4], 1.0, 1e8, L, "allreduce")
+    assert list(ring["workers"]) == [1, 2, 4]
+    # N=1: no sync, speedup 1; N=4: 2*3*1e-4 + 2*3/4*1 = 1.5006 s, speedup 4*1/(1+1.5006)
+    assert ring["sync_s"].tolist() == pytest.approx([0.0, 1.0002, 1.5006])
+    assert ring["speedup"].tolist() == pytest.approx([1.0, 2 / 2.0002, 4 / 2.5006])
+    ps1 = model_curve([4], 1.0, 1e8, L, "ps", servers=1)  # 2*(1e-4 + 4*1)
+    psn = model_curve([4], 1.0, 1e8, L, "ps", servers="N")  # 2*(1e-4 + max(1, 4/4))
+    assert ps1["sync_s"].item() == pytest.approx(8.0002)
+    assert psn["sync_s"].item() == pytest.approx(2.0002)
+    half = model_curve([4], 1.0, 1e8, L, "allreduce", overlap=1.0)  # 1 s hidden behind 1 s of compute
+    assert half["speedup"].item() == pytest.approx(4 / 1.5006)
+    with pytest.raises(ValueError):
+        model_curve([2], 1.0, 1e8, L, "carrier-pigeon")
+
+
+def test_sweep_helpers_on_scaling():
+    runs = run_table(ROOT / "results" / "scaling")
+    assert gradient_bytes(runs) == 2_180_392  # 545,098 float32 parameters, from 2(N-1)/N*M at N=2
+    labels = [s.label for s in split_series(runs)]
+    assert labels == ["none", "allreduce", "ps, S=1", "ps, S=N"]
+    ps_n = split_series(runs)[-1]
+    assert ps_n.rows["workers"].tolist() == [1, 2, 4] and ps_n.rows["servers"].tolist() == [1, 2, 4]
+    none1 = runs[(runs["sync"] == "none") & (runs["workers"] == 1)].iloc[0]
+    want = none1["forward_s_p50"] + none1["backward_s_p50"] + none1["update_s_p50"]
+    assert compute_time(runs, ps_n) == pytest.approx(want)
+
+
+def _legend_texts(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+
+def test_speedup_model_curve_only_with_calibration(tmp_path):
+    runs = run_table(ROOT / "results" / "scaling")
+    without = _legend_texts(figure_speedup(runs))
+    assert any("cost model omitted" in t for t in without)
+    with_cal = figure_speedup(runs, Link(1e-4, 1e9))
+    texts = _legend_texts(with_cal)
+    assert any("cost model" in t and "omitted" not in t for t in texts)
+    assert sum(len(ax.lines) for ax in with_cal.axes) > sum(len(ax.lines) for ax in figure_speedup(runs).axes)
+    # a calibration.json in the folder is found by plot_results
+    folder = tmp_path / "scaling"
+    shutil.copytree(ROOT / "results" / "scaling", folder)
+    save_calibration(Link(1e-4, 1e9), folder / "calibration.json")
+    assert any(p.stem == "speedup" for p in plot.plot_results(folder, formats=["png"]))
+
+
+def test_timeline_reads_trace_json_like_records(tmp_path):
+    from psring.metrics.trace import write_trace
+
+    run = tmp_path / "run"
+    shutil.copytree(ROOT / "results" / "compare" / "runs" / "sync-ps_workers-2_servers-2", run)
+    from_records = load_segments(run)
+    write_trace(run)
+    from_trace = segments_from_trace(run / "trace.json")
+    assert json.loads((run / "trace.json").read_text())["traceEvents"]
+    key = ["row", "name", "step"]
+    a = from_records.sort_values(key).reset_index(drop=True)
+    b = from_trace.sort_values(key).reset_index(drop=True)
+    assert a[key].equals(b[key].astype(a[key].dtypes.to_dict()))
+    assert (a["start"] - b["start"]).abs().max() < 1e-5 and (a["dur"] - b["dur"]).abs().max() < 1e-5
+    assert set(a["row"]) == {"worker 0", "worker 1", "server 0", "server 1"}
+    paths = plot.plot_results(run, out=tmp_path / "figs", formats=["png"])  # a run folder on its own
+    assert [p.name for p in paths] == ["breakdown.png", "timeline.png"]
+
+
+def test_bench_without_servers_column_values(tmp_path):
+    """A bench of all-reduce alone (no ps rows, servers empty) still plots."""
+    bench = pd.read_csv(ROOT / "results" / "message_size" / "bench.csv")
+    bench[bench["strategy"].isin(["allreduce", "raw_allreduce"])].to_csv(tmp_path / "bench.csv", index=False)
+    assert [p.name for p in plot.plot_results(tmp_path, formats=["svg"])] == ["message_size.svg"]
