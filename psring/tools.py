@@ -5,7 +5,6 @@ returns an exit code; user errors raise ``ConfigError`` (one line, exit 2).
 """
 from __future__ import annotations
 
-import argparse
 import shlex
 import subprocess
 import sys
@@ -52,12 +51,6 @@ def cmd_net(a) -> int:
     return 0
 
 
-def cmd_plot(a) -> int:
-    from .plot import main as plot_main
-
-    return plot_main(a.argv)
-
-
 def add_tool_parsers(sub) -> None:
     c = sub.add_parser("calibrate", help="measure latency alpha and bandwidth B for the cost model")
     c.add_argument("--out", default="results/calibration", help="directory for calibration.json")
@@ -73,7 +66,5 @@ def add_tool_parsers(sub) -> None:
     nc.add_argument("--all", action="store_true", help="every psring namespace, even of runs still alive")
     nc.set_defaults(func=cmd_net)
 
-    p = sub.add_parser("plot", help="regenerate the figures of a results folder from its CSVs",
-                       add_help=False)
-    p.add_argument("argv", nargs=argparse.REMAINDER, help="FOLDER [options]; see `psring plot --help`")
-    p.set_defaults(func=cmd_plot)
+    # listed for `psring --help`; cli.main hands `psring plot ...` to psring.plot.main before parsing
+    sub.add_parser("plot", help="regenerate the figures of a results folder from its CSVs (psring plot --help)")
