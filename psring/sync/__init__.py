@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from ..config import TrainConfig
-from .base import Synchronizer, SyncStats
+from .base import Synchronizer, SyncStats, make_local_optimizer
 
-__all__ = ["SyncStats", "Synchronizer", "make_synchronizer"]
+__all__ = ["SyncStats", "Synchronizer", "make_local_optimizer", "make_synchronizer"]
 
 
 def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
@@ -24,7 +24,8 @@ def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
     if cfg.sync == "ps":
         from .ps.synchronizer import PSSync
         return PSSync(rank, world, local_device(local), cfg.ps_addrs, cfg.optim, cfg.timeout_s,
-                      cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.frame_kb)
+                      cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.frame_kb,
+                      design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness)
     if cfg.sync == "none":
         from .none import NoSync
         return NoSync(rank, world, local_device(local), cfg.optim)

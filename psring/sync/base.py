@@ -70,20 +70,32 @@ class Synchronizer(ABC):
         """Release sockets and process groups. Safe to call twice."""
 
 
-def make_local_sgd(params, optim: OptimConfig, grad_divisor: int = 1) -> torch.optim.SGD:
-    """The optimizer of every strategy that updates on the worker: torch's fused SGD kernel (one pass
-    over parameters, gradients and momentum; bit for bit the result of the unfused one). The PS servers
-    run the same kernel on their shards.
+def make_local_optimizer(params, optim: OptimConfig, grad_divisor: int = 1) -> torch.optim.Optimizer:
+    """The optimizer of every strategy that updates on the worker (none, allreduce, ddp, ps with
+    ``--ps-design aggregate``): ``optim.name`` "sgd" (momentum, weight decay) or "adam" (betas, eps, L2
+    weight decay), each torch's fused kernel: one pass over parameters, gradients and state; SGD's is bit
+    for bit the result of the unfused one, Adam's within float32 rounding of it. The PS servers run the
+    same kernels on their shards (``ps.optimizers``).
 
     ``grad_divisor``: the kernel divides each gradient by it as it reads it and writes the quotient back
     to ``.grad`` (how ``GradScaler`` unscales for fused optimizers), so the 1/N of an all-reduce's sum
     costs no pass of its own. The kernel multiplies by the reciprocal, which can differ from ``div_`` in the
     last bit for N that are not powers of two."""
-    opt = torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay,
-                          fused=True)
+    if optim.name == "sgd":
+        opt = torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay,
+                              fused=True)
+    elif optim.name == "adam":
+        opt = torch.optim.Adam(params, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps,
+                               weight_decay=optim.weight_decay, fused=True)
+    else:
+        raise ValueError(f"unknown optimizer {optim.name!r}; expected sgd or adam")
     if grad_divisor != 1:
         opt.grad_scale = torch.tensor(float(grad_divisor))
     return opt
+
+
+# The earlier name, still used by allreduce.py, ddp.py and none.py: it follows ``optim.name`` too.
+make_local_sgd = make_local_optimizer
 
 
 def timed_update(optimizer: torch.optim.Optimizer, device: torch.device) -> float:

@@ -10,10 +10,18 @@ a frame is turned back into a tensor with ``torch.frombuffer`` after its length 
 declared dtype and shape. "We must never load untrusted pickles" (pyzmq, examples/serialization).
 
 Ops (request ``op`` field):
-  init  rank 0 hands a server its shard's initial values and the optimizer hyper-parameters
+  init  rank 0 hands a server its shard's initial values and the run's semantics:
+        ``optim``  {name: "sgd"|"adam", lr, momentum, weight_decay, betas: [b1, b2], eps} (absent fields
+                   take OptimConfig's defaults; an unknown field or value is refused)
+        ``design``  "server-optimizer" (default) | "aggregate" (BSP only)
+        ``consistency``  "bsp" (default) | "ssp" | "asp";  ``staleness``  SSP's bound k, an int >= 0
   push  a worker's gradients for some keys of the shard at step ``step``; acknowledged at once
-  pushpull  the same, answered once those keys are updated, with their new values (version step+1)
-  pull  the shard's parameters once the server has reached ``version`` (version v = after v updates)
+  pushpull  the same, answered once the consistency model allows (BSP: those keys' step is updated;
+        SSP: the slowest worker completed step+1-k steps; ASP: at once) with the keys' new values, or,
+        with the aggregate design, the sum of the N workers' gradients; ``version`` in the reply: step+1
+        under BSP, the slowest worker's clock under SSP/ASP
+  pull  the shard's parameters once the server has reached ``version`` (version v = after v updates;
+        SSP/ASP: once every worker completed v steps; aggregate: version 0 only)
   done  the worker has finished; the server exits once every worker said so
 Every request gets exactly one reply: ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
 "error": "..."}``. A pull is answered when its version is reached, a pushpull when its keys' update is
@@ -53,7 +61,7 @@ def unpack_header(buf) -> dict:
     try:
         header = msgpack.unpackb(bytes(buf), raw=False, strict_map_key=True, max_str_len=1 << 16,
                                  max_bin_len=1 << 16, max_array_len=1 << 18, max_map_len=1 << 10)
-    except Exception as e:  # msgpack raises several unrelated types for malformed input
+    except Exception as e:  # noqa: BLE001 - msgpack raises several unrelated types for malformed input
         raise ProtocolError(f"malformed msgpack header: {type(e).__name__}: {e}") from None
     if not isinstance(header, dict):
         raise ProtocolError(f"header must be a map, got {type(header).__name__}")

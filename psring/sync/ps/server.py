@@ -10,6 +10,11 @@ answered by the push that completes that version, and a pushpull's reply waits u
 is done — then it carries their new values at once, so the shard streams back bucket by bucket while
 later buckets still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets an error reply and changes nothing,
 so the other workers are served on as if it never came.
+
+What "its keys' update is done" means is the consistency model's (``consistency``: BSP waits for all N
+workers' gradients, ASP answers at once, SSP once the slowest worker is within the bound), and what the
+reply carries is the design's (``store``: new values, or the gradient sum for ``aggregate``); rank 0's
+init names both, with the optimizer, so the command line of ``psring server`` never changes.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ class ParameterServer:
             self.port = port
         self.address = f"tcp://{bind}:{self.port}"
         self.parked: list[tuple[bytes, dict]] = []  # pulls waiting for their version
-        self.waiting: list[tuple[bytes, object, list[str], int]] = []  # pushpulls waiting for their keys' update
+        self.waiting: list[tuple[bytes, object, int, list[str], int]] = []  # pushpulls waiting: (.., worker, keys, step)
         self.done: set[int] = set()
         self.errors = 0
         self.bytes_sent = self.bytes_recv = 0
@@ -59,9 +64,10 @@ class ParameterServer:
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
         t0 = time.perf_counter()
         try:
-            # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter is
-            # updated again only after every worker has pushed the next step, i.e. after every worker
-            # has received this reply in full.
+            # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter (or an
+            # aggregate's sum buffer, of which there are two) is written again only after every worker
+            # has pushed the next step, i.e. after every worker has received this reply in full. Under
+            # ASP/SSP the store hands out copies (``ShardStore.read_values``).
             self.sock.send_multipart([ident, head, *frames], copy=False)
         except zmq.ZMQError as e:
             log.warning("reply to a peer that is gone dropped: %s", e)
@@ -72,8 +78,8 @@ class ParameterServer:
         log.warning("rejected request %r: %s", req, msg)
         self._send(ident, {"ok": False, "req": req, "error": msg})
 
-    def _reply_params(self, ident: bytes, req) -> None:
-        metas, frames = encode_tensors(self.store.snapshot(), self.frame_bytes)
+    def _reply_params(self, ident: bytes, req, worker) -> None:
+        metas, frames = encode_tensors(self.store.read_values(worker), self.frame_bytes)
         self._send(ident, {"ok": True, "req": req, "version": self.store.version, "tensors": metas}, frames)
 
     # --- request handling -------------------------------------------------------------------------
@@ -87,12 +93,12 @@ class ParameterServer:
             op = header.get("op")
             if op in ("push", "pushpull"):
                 self.metrics.on_push()
-                named, step = decode_tensors(header, frames), header.get("step")
-                completed = self.store.push(header.get("worker"), step, named)
+                named, step, worker = decode_tensors(header, frames), header.get("step"), header.get("worker")
+                completed = self.store.push(worker, step, named)
                 if op == "push":
                     self._send(ident, {"ok": True, "req": req})
                 else:
-                    self.waiting.append((ident, req, [k for k, _ in named], step))
+                    self.waiting.append((ident, req, worker, [k for k, _ in named], step))
                 if completed:
                     self.metrics.on_last_push()
                     self._serve_parked()
@@ -103,12 +109,19 @@ class ParameterServer:
                     raise ProtocolError(f"pull needs a non-negative int version, got {version!r}")
                 if frames:
                     raise ProtocolError("a pull carries no tensor frames")
+                if self.store.initialized and self.store.aggregate and version > 0:
+                    raise ProtocolError("this server only aggregates gradients (design aggregate): "
+                                        "it holds the initial parameters only, pull version 0")
+                worker = header.get("worker")
+                if not (type(worker) is int and 0 <= worker < self.store.workers):  # ASP/SSP record its reads
+                    raise ProtocolError(f"worker id {worker!r} outside 0..{self.store.workers - 1}")
                 if self.store.version >= version:
-                    self._reply_params(ident, req)
+                    self._reply_params(ident, req, worker)
                 else:
                     self.parked.append((ident, header))
             elif op == "init":
-                self.store.init(decode_tensors(header, frames), header.get("optim") or {})
+                self.store.init(decode_tensors(header, frames), header.get("optim") or {},
+                                {k: header[k] for k in ("design", "consistency", "staleness") if k in header})
                 self._send(ident, {"ok": True, "req": req})
                 self._serve_parked()
             elif op == "done":
@@ -129,19 +142,21 @@ class ParameterServer:
         still = []
         for ident, header in self.parked:
             if self.store.version >= header["version"]:
-                self._reply_params(ident, header.get("req"))
+                self._reply_params(ident, header.get("req"), header.get("worker"))
             else:
                 still.append((ident, header))
         self.parked = still
 
     def _serve_waiting(self) -> None:
         still = []
-        for ident, req, keys, step in self.waiting:
-            if self.store.updated_past(keys, step):
-                metas, frames = encode_tensors(self.store.snapshot(keys), self.frame_bytes)
-                self._send(ident, {"ok": True, "req": req, "version": step + 1, "tensors": metas}, frames)
+        for item in self.waiting:
+            ident, req, worker, keys, step = item
+            if self.store.reply_ready(keys, step):
+                version, named = self.store.reply(worker, keys, step)
+                metas, frames = encode_tensors(named, self.frame_bytes)
+                self._send(ident, {"ok": True, "req": req, "version": version, "tensors": metas}, frames)
             else:
-                still.append((ident, req, keys, step))
+                still.append(item)
         self.waiting = still
 
     def serve(self) -> int:

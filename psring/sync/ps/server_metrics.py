@@ -6,6 +6,14 @@ Fields (seconds and bytes, for the step whose update just completed):
   wait_slowest_s  first push of the step -> last push (how long the server waited for the slowest worker)
   bytes_recv / bytes_sent, errors (rejected requests), and wall-clock times t_first_push, t_last_push,
   t_done for timelines. Replies to pulls that arrive after the update count toward the next step.
+  pushes       gradients (one worker's request) taken since the previous record
+  staleness    {value: count} over those pushes, staleness_max its largest value (clock units: how many
+               of the slowest worker's steps the gradient's parameters lacked; <= k under SSP, 0 under BSP)
+  delay        {value: count}, delay_max: updates of the keys applied between the read of the
+               parameters and the gradient's own update (0 under BSP); see ``consistency``.
+Under ASP/SSP a record's "step" is a round: it is written when the slowest worker completes a step, and
+holds everything since the previous round (faster workers' pushes included); t_last_push is then the
+push that completed the round.
 """
 from __future__ import annotations
 
@@ -16,7 +24,8 @@ import time
 class StepMetrics:
     def __init__(self, server):
         self.server = server
-        self.f = open(server.metrics_path, "w", buffering=1) if server.metrics_path else None
+        # open for the server's lifetime, closed by close()
+        self.f = open(server.metrics_path, "w", buffering=1) if server.metrics_path else None  # noqa: SIM115
         self._reset()
 
     def _reset(self) -> None:
@@ -35,6 +44,7 @@ class StepMetrics:
 
     def flush(self, step: int) -> None:
         s = self.server
+        staleness, delay = s.store.take_staleness()
         if self.f is not None:
             first, last = self.t_first_push, self.t_last_push
             rec = {
@@ -44,6 +54,10 @@ class StepMetrics:
                 "bytes_recv": s.bytes_recv - self._recv0, "bytes_sent": s.bytes_sent - self._sent0,
                 "errors": s.errors - self._err0, "t_first_push": first, "t_last_push": last, "t_done": time.time(),
             }
+            rec.update(pushes=sum(staleness.values()),
+                       staleness={str(k): v for k, v in sorted(staleness.items())},
+                       staleness_max=max(staleness, default=0),
+                       delay={str(k): v for k, v in sorted(delay.items())}, delay_max=max(delay, default=0))
             self.f.write(json.dumps(rec) + "\n")
         self._reset()
 

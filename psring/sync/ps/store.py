@@ -1,18 +1,27 @@
-"""A server's shard: its parameters, their optimizer state and the BSP gradient aggregation.
+"""A server's shard: its parameters, their optimizer state, and the rules of its consistency model.
 
-Pure torch, no sockets, so the rules are testable on their own. BSP rule: gradients for step t are
-accepted only while the shard is at version t (t updates applied); each key is updated as soon as all
-N workers' gradients for it arrived (aggregation starts on arrival: the sum is accumulated in place),
-and the shard's version becomes t+1 when every key was updated. A rejected push changes nothing.
+Pure torch, no sockets, so the rules are testable on their own (see ``consistency`` for BSP/SSP/ASP and
+the staleness records). BSP rule: gradients for step t are accepted only while the shard is at version t
+(t updates applied); each key is aggregated as soon as all N workers' gradients for it arrived (the sum
+is accumulated in place, on arrival) and the shard's version becomes t+1 when every key was done.
+ASP/SSP: each worker's push is applied on arrival, as is; the version is the slowest worker's clock.
+A rejected push changes nothing.
+
+Designs: ``server-optimizer`` updates the parameters here (fused SGD or Adam, ``optimizers``) and
+answers with their new values; ``aggregate`` (BSP only) keeps the initial parameters, only sums the
+gradients and answers with the sum: the workers' local optimizer divides it by N as it reads it, exactly
+as after an all-reduce. The sums are double-buffered by step parity: a reply may still be leaving when
+the next step's first gradient arrives, never when the one after it does.
 """
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import torch
-from torch.optim.sgd import sgd
 
-from ...config import OptimConfig
+from .consistency import Clocks, Semantics, parse_semantics
+from .optimizers import make_server_optimizer, parse_optim
 from .protocol import Pieces, ProtocolError
 
 
@@ -21,25 +30,29 @@ class ShardStore:
         if workers < 1:
             raise ValueError(f"a server needs at least one worker, got {workers}")
         self.workers = workers
-        self.version = -1  # -1 until rank 0's init arrives; then the number of updates applied
+        self.version = -1  # -1 until rank 0's init arrives; then the number of (BSP) updates / rounds applied
         self.params: dict[str, torch.Tensor] = {}
+        self.semantics = Semantics()
+        self.aggregate = False
+        self.clocks: Clocks | None = None  # ASP/SSP only
         self.update_s = 0.0  # running totals for the server's own metrics
         self.aggregate_s = 0.0
+        self.staleness: Counter = Counter()  # samples per value since the metrics last took them
+        self.delay: Counter = Counter()
 
     @property
     def initialized(self) -> bool:
         return self.version >= 0
 
-    def init(self, named: list[tuple[str, torch.Tensor]], optim: dict) -> None:
+    def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None) -> None:
+        """``optim``: the optimizer's hyper-parameters (``optimizers.OPTIM_FIELDS``); ``semantics``: the
+        init's ``design``, ``consistency`` and ``staleness`` fields (absent: server-optimizer, bsp)."""
         if self.initialized:
             raise ProtocolError("shard already initialised (a second init arrived)")
         if not named:
             raise ProtocolError("init carries no tensors")
-        try:
-            cfg = OptimConfig(**optim)
-            cfg.validate()
-        except Exception as e:
-            raise ProtocolError(f"bad optimizer settings in init: {e}") from None
+        cfg = parse_optim(optim)
+        sem = parse_semantics(semantics or {})
         keys = [k for k, _ in named]
         if len(set(keys)) != len(keys):
             raise ProtocolError("init lists a key twice")
@@ -47,17 +60,20 @@ class ShardStore:
         for key, t in named:  # check everything first: a rejected init must leave no trace
             if not t.is_floating_point():
                 raise ProtocolError(f"init: parameter {key!r} has non-float dtype {t.dtype}")
+        self.cfg, self.semantics = cfg, sem
+        self.aggregate = sem.design == "aggregate"
         for key, t in named:
             p = t.clone()
             p.grad = torch.zeros_like(p)
             self.params[key] = p
-        self.key_version = dict.fromkeys(self.params, 0)  # updates applied per key (pushpull replies wait on it)
-        self.sgd = cfg
-        # momentum buffers start at zero rather than as a copy of the first gradient: 0.9 * 0 + g is g
-        self.momentum_buf = {k: torch.zeros_like(p) for k, p in self.params.items()} if cfg.momentum else {}
+        self.opt = None if self.aggregate else make_server_optimizer(cfg, self.params)
+        self.sums = [{k: p.grad for k, p in self.params.items()},
+                     {k: torch.zeros_like(p) for k, p in self.params.items()}] if self.aggregate else None
+        self.key_version = dict.fromkeys(self.params, 0)  # BSP updates done per key (pushpull replies wait on it)
         self.count = dict.fromkeys(self.params, 0)
         self.pushed: dict[str, set[int]] = {k: set() for k in self.params}
         self.updated: set[str] = set()  # keys already updated in the current step
+        self.clocks = Clocks(self.workers, keys) if sem.asynchronous else None
         self.version = 0
 
     def check_push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -66,59 +82,62 @@ class ShardStore:
             raise ProtocolError("push before init")
         if not (type(worker) is int and 0 <= worker < self.workers):
             raise ProtocolError(f"worker id {worker!r} outside 0..{self.workers - 1}")
-        if type(step) is not int or step != self.version:
+        bsp = self.clocks is None
+        if bsp and (type(step) is not int or step != self.version):
             raise ProtocolError(f"push for step {step!r} but this shard is at step {self.version} (BSP)")
         seen = set()
         for key, g in named:
             p = self.params.get(key)
             if p is None:
                 raise ProtocolError(f"unknown key {key!r} (not in this server's shard)")
-            if key in seen or worker in self.pushed[key] or key in self.updated:
+            if key in seen or (bsp and (worker in self.pushed[key] or key in self.updated)):
                 raise ProtocolError(f"key {key!r} pushed twice by worker {worker} for step {step}")
             if g.dtype != p.dtype or g.shape != p.shape:
                 raise ProtocolError(f"key {key!r}: got {g.dtype} {tuple(g.shape)}, "
                                     f"expected {p.dtype} {tuple(p.shape)}")
             seen.add(key)
+        if not bsp:
+            self.clocks.check(worker, step, list(seen))
 
     def push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> bool:
-        """Accumulate a worker's gradients; True when this push completed the step (version advanced).
-
-        Keys whose last gradient this was are updated at once, all in one fused SGD call. With one
-        worker nothing is accumulated: the update reads the gradient straight from the received frames."""
+        """Take a worker's gradients; True when this push advanced the version (BSP: completed the step;
+        ASP/SSP: completed the slowest worker's step)."""
         self.check_push(worker, step, named)
+        if self.clocks is not None:
+            return self._push_async(worker, step, named)
+        self.staleness[0] += 1  # BSP: every gradient is computed on the version it is applied to
+        self.delay[0] += 1
         t0 = time.perf_counter()
-        ready: list[tuple] = []  # (param, gradient, momentum buffer or None) regions to update now
+        ready: list[tuple] = []  # (key, offset, param region, gradient region) to update now
         done = []
         for key, g in named:
             p = self.params[key]
             self.pushed[key].add(worker)
             self.count[key] += 1
-            if self.workers == 1:
-                regions = g.regions(p) if isinstance(g, Pieces) else [(0, g.reshape(-1))]
-                flat, buf = p.view(-1), self.momentum_buf.get(key)
-                ready += [(flat[o:o + r.numel()], r, None if buf is None else buf.view(-1)[o:o + r.numel()])
-                          for o, r in regions]
+            if self.workers == 1 and not self.aggregate:
+                ready += self._regions(key, p, g)
                 done.append(key)
                 continue
+            acc = self.sums[step % 2][key] if self.aggregate else p.grad
             first = self.count[key] == 1
             if isinstance(g, Pieces):  # arrived in several frames: use each where it belongs
                 if first:
-                    g.copy_into(p.grad)
+                    g.copy_into(acc)
                 else:
-                    g.add_into(p.grad)
+                    g.add_into(acc)
             elif first:  # the first push copies, so the buffer never needs a zeroing pass
-                p.grad.copy_(g)
+                acc.copy_(g)
             else:
-                p.grad.add_(g)
+                acc.add_(g)
             if self.count[key] == self.workers:
-                p.grad.div_(self.workers)  # mean of the workers' gradients = gradient of the global batch
-                buf = self.momentum_buf.get(key)
-                ready.append((p.view(-1), p.grad.view(-1), None if buf is None else buf.view(-1)))
+                if not self.aggregate:
+                    acc.div_(self.workers)  # mean of the workers' gradients = gradient of the global batch
+                    ready.append((key, 0, p.view(-1), acc.view(-1)))
                 done.append(key)
         t1 = time.perf_counter()
         self.aggregate_s += t1 - t0
         if ready:
-            self._update(ready)
+            self.opt.step(ready)
             self.update_s += time.perf_counter() - t1
         for key in done:
             self.count[key] = 0
@@ -131,19 +150,61 @@ class ShardStore:
             return True
         return False
 
-    def _update(self, ready: list[tuple]) -> None:
-        """SGD with momentum and weight decay, in place, on every (param, grad, momentum) region at once.
+    def _regions(self, key: str, p: torch.Tensor, g) -> list[tuple]:
+        """The update of ``key`` straight from the received gradient: one region per frame (SGD), or the
+        whole key (Adam: a gradient split over frames is joined into ``p.grad`` first)."""
+        if not isinstance(g, Pieces):
+            return [(key, 0, p.view(-1), g.reshape(-1))]
+        if self.opt.whole:
+            g.copy_into(p.grad)
+            return [(key, 0, p.view(-1), p.grad.view(-1))]
+        flat = p.view(-1)
+        return [(key, o, flat[o:o + r.numel()], r) for o, r in g.regions(p)]
 
-        torch's own fused kernel (``torch.optim.SGD(fused=True)``): one pass over the memory instead of
-        four, and bit for bit what ``torch.optim.SGD`` computes (dampening 0, no Nesterov; tested)."""
-        cfg = self.sgd
-        params, grads, bufs = (list(x) for x in zip(*ready))
-        sgd(params, grads, bufs, fused=True,
-            weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr, dampening=0.0, nesterov=False,
-            maximize=False)
+    def _push_async(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> bool:
+        t0 = time.perf_counter()
+        ready = []
+        for key, g in named:
+            ready += self._regions(key, self.params[key], g)
+        if ready:
+            self.opt.step(ready)
+        self.update_s += time.perf_counter() - t0
+        advanced = self.clocks.applied(worker, step, [k for k, _ in named], self.staleness, self.delay)
+        if advanced:
+            self.version = self.clocks.slowest
+        return advanced
+
+    # --- replies -------------------------------------------------------------------------------------
+    def reply_ready(self, keys: list[str], step: int) -> bool:
+        """Whether a pushpull of step ``step`` for ``keys`` may be answered now (BSP: their update of that
+        step is done; SSP: the slowest worker has completed step + 1 - k steps; ASP: always)."""
+        if self.clocks is None:
+            return self.updated_past(keys, step)
+        if self.semantics.consistency == "ssp":
+            return self.version >= step + 1 - self.semantics.staleness
+        return True
+
+    def reply(self, worker: int, keys: list[str], step: int) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+        """(version, tensors) answering a ready pushpull: the keys' new values, or (aggregate) the sums."""
+        if self.clocks is None:
+            if self.aggregate:
+                sums = self.sums[step % 2]
+                return step + 1, [(k, sums[k]) for k in keys]
+            return step + 1, self.snapshot(keys)
+        return self.version, self.read_values(worker, keys)
+
+    def read_values(self, worker: int, keys: list[str] | None = None) -> list[tuple[str, torch.Tensor]]:
+        """Values to send to ``worker`` (a pull's or a reply's). Under ASP/SSP they are copies, recorded as
+        read for the staleness of its next gradients: the originals change with the next push while
+        ZeroMQ may still be sending them. Under BSP they are the shard's own memory (see ``_send``)."""
+        named = self.snapshot(keys)
+        if self.clocks is None:
+            return named
+        self.clocks.mark_read(worker, [k for k, _ in named])
+        return [(k, t.clone()) for k, t in named]
 
     def updated_past(self, keys: list[str], step: int) -> bool:
-        """Whether every key in ``keys`` has had step ``step``'s update applied."""
+        """Whether every key in ``keys`` has had step ``step``'s (BSP) update applied."""
         return all(self.key_version[k] > step for k in keys)
 
     def snapshot(self, keys: list[str] | None = None) -> list[tuple[str, torch.Tensor]]:
@@ -153,3 +214,9 @@ class ShardStore:
         if missing:
             raise ProtocolError(f"unknown key {missing[0]!r} (not in this server's shard)")
         return [(k, self.params[k]) for k in keys]
+
+    def take_staleness(self) -> tuple[Counter, Counter]:
+        """The (staleness, delay) samples since the last call, emptied."""
+        out = self.staleness, self.delay
+        self.staleness, self.delay = Counter(), Counter()
+        return out

@@ -1,8 +1,12 @@
-"""``ps``: workers push gradients to S parameter servers and pull the updated parameters back (BSP).
+"""``ps``: workers push gradients to S parameter servers and pull the updated parameters back.
 
-Each server owns whole parameters (``sharding.assign_shards``, balanced by bytes) and runs the SGD
-update for them; the worker runs no optimizer. Rank 0 initialises the servers with its (seeded) initial
-weights; every worker then pulls version 0, so all start from the servers' copy.
+Each server owns whole parameters (``sharding.assign_shards``, balanced by bytes). With the default
+design (``server-optimizer``) it runs the optimizer (SGD or Adam) for them and the worker runs none;
+with ``aggregate`` it only sums the workers' gradients and the workers run the optimizer locally on the
+sum (divided by N as the fused kernel reads it, as after an all-reduce). The consistency model (BSP,
+SSP with bound k, ASP; see ``consistency``) is the servers' business: it only decides when a pushpull is
+answered. Rank 0 initialises the servers with its (seeded) initial weights, the optimizer settings, the
+design and the consistency model; every worker then pulls version 0, so all start from the servers' copy.
 
 Overlap: gradients live in per-server bucket buffers (``buckets.GradBuckets``; ``.grad`` are views
 into them). A bucket is pushed from inside backward as soon as its last gradient is accumulated, as a
@@ -20,9 +24,11 @@ import torch
 from torch import nn
 
 from ...config import OptimConfig
-from ..base import Synchronizer, SyncStats
+from ..base import Synchronizer, SyncStats, make_local_optimizer, timed_update
 from ..buckets import Bucket, GradBuckets
 from .client import PSClient
+from .consistency import check_semantics
+from .optimizers import optim_header
 from .protocol import Pieces
 from .sharding import assign_shards
 
@@ -32,10 +38,13 @@ class PSSync(Synchronizer):
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True,
-                 frame_kb: int = 1024):
+                 frame_kb: int = 1024, design: str = "server-optimizer", consistency: str = "bsp",
+                 staleness: int = 2):
         super().__init__(rank, world, device)
         if not addrs:
             raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
+        self.semantics = check_semantics(design, consistency, staleness)
+        self.aggregate = design == "aggregate"
         self.addrs, self.optim_cfg, self.timeout_s, self.overlap = addrs, optim, timeout_s, overlap
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         self.frame_bytes = frame_kb * 1024 if frame_kb > 0 else None
@@ -52,11 +61,12 @@ class PSSync(Synchronizer):
         for b in self.buckets.buckets:
             b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
+        self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
+            if self.aggregate else None
         self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes)
         if self.rank == 0:
-            optim = {"lr": self.optim_cfg.lr, "momentum": self.optim_cfg.momentum,
-                     "weight_decay": self.optim_cfg.weight_decay}
-            reqs = [self.client.send(s, {"op": "init", "optim": optim},
+            init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header()}
+            reqs = [self.client.send(s, init,
                                      [(n, p.detach().cpu().contiguous()) for n, p in shard])
                     for s, shard in enumerate(self.shards)]
             for s, req in enumerate(reqs):
@@ -93,6 +103,18 @@ class PSSync(Synchronizer):
         self.messages += [[t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
         self.inflight[s].append((req, b, reply))
 
+    def _load_grads(self, s: int, named: list, b: Bucket) -> None:
+        """aggregate: the bucket's gradient sums, into the bucket's buffer (the ``.grad`` the optimizer
+        reads; its pushed contents are no longer needed, the server has received them)."""
+        got = [k for k, _ in named]
+        if got != b.names:
+            raise RuntimeError(f"PS server {s} returned keys {got[:3]}..., expected {b.names[:3]}...")
+        for (_, view), (_, t) in zip(b.views(), named):
+            if isinstance(t, Pieces):
+                t.copy_into(view)
+            else:
+                view.copy_(t)
+
     def _load(self, s: int, named: list, names: list[str]) -> None:
         got = [k for k, _ in named]
         if got != names:
@@ -102,11 +124,12 @@ class PSSync(Synchronizer):
             for key, t in named:
                 if isinstance(t, Pieces):
                     t.copy_into(params[key])
-                elif self.device.type == "cpu" and t.data_ptr() % t.element_size() == 0:
+                elif self.device.type == "cpu" and not self.aggregate and t.data_ptr() % t.element_size() == 0:
                     # Zero-copy: the parameter becomes a view of the received frame (kept alive by the
                     # tensor). Nothing on a PS worker writes parameters (the server runs the optimizer),
                     # and the next step's reply replaces the view. A frame not aligned to its element
-                    # size (ZeroMQ packs small messages into a shared buffer) is copied instead.
+                    # size (ZeroMQ packs small messages into a shared buffer) is copied instead. With the
+                    # aggregate design the local optimizer writes them: the initial values are copied.
                     params[key].data = t
                 else:
                     params[key].copy_(t)
@@ -114,7 +137,8 @@ class PSSync(Synchronizer):
     def step(self, step: int) -> SyncStats:
         """push_s: pushing what backward did not (all of it without overlap); wait_s: until the replies
         arrived (transfer, aggregation, the slowest worker, the update); pull_s: copying the new
-        parameters into the model (bucket by bucket, while later ones are still on the wire)."""
+        parameters (aggregate: the gradient sums) into the model, bucket by bucket, while later ones are
+        still on the wire. update_s: the local optimizer (aggregate only; 0 when the servers update)."""
         if step != self.cur:
             raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
         t0 = self.clock.now()
@@ -129,12 +153,16 @@ class PSSync(Synchronizer):
                 _, named = self.client.recv(s, req)
                 tb = time.perf_counter()
                 trace[2] = tb - trace[0]
-                self._load(s, named, b.names)
+                if self.aggregate:
+                    self._load_grads(s, named, b)
+                else:
+                    self._load(s, named, b.names)
                 tc = self.clock.now()
                 wait_s += tb - lap
                 pull_s += tc - tb
                 lap = tc
-        stats = SyncStats(sync_s=lap - t0, update_s=0.0, bytes_sent=self.client.bytes_sent - self.sent0,
+        update_s = timed_update(self.optimizer, self.device) if self.aggregate else 0.0
+        stats = SyncStats(sync_s=lap - t0, update_s=update_s, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
                           phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
                           messages=[[name, t - t0, dur] for t, name, dur in self.messages])
@@ -152,7 +180,7 @@ class PSSync(Synchronizer):
             reqs = [self.client.send(s, {"op": "done"}) for s in range(len(self.addrs))]
             for s, req in enumerate(reqs):
                 self.client.recv(s, req)
-        except Exception:  # noqa: BLE001 - a server already gone is the launcher's to report, not ours
+        except Exception:  # noqa: BLE001, S110 - a server already gone is the launcher's to report, not ours
             pass
         finally:
             self.client.close()

@@ -1,0 +1,109 @@
+"""The servers' optimizers (``--ps-design server-optimizer``): torch's fused kernels run on a shard.
+
+Both are the kernels ``base.make_local_optimizer`` gives the workers (``torch.optim.SGD(fused=True)``,
+``torch.optim.Adam(fused=True)``), called through torch's functional API on the shard's own tensors and
+state, so a server's update is bit for bit what the same optimizer computes on a worker (tested).
+
+An update is a list of ``(key, element offset, parameter region, gradient region)``, the regions 1-D.
+SGD is elementwise with elementwise state (the momentum buffer), so it can update any region of a key:
+a gradient that arrived in several frames is applied frame by frame, straight from the wire. Adam keeps
+a per-tensor step count, so it updates whole keys only (``whole = True``: the store joins a split
+gradient first).
+"""
+from __future__ import annotations
+
+import torch
+from torch.optim.adam import adam
+from torch.optim.sgd import sgd
+
+from ...config import OptimConfig
+from .protocol import ProtocolError
+
+OPTIM_FIELDS = ("name", "lr", "momentum", "weight_decay", "betas", "eps")
+
+
+def optim_header(cfg: OptimConfig) -> dict:
+    """The ``optim`` field of an init request: every hyper-parameter the servers' optimizer needs."""
+    return {"name": cfg.name, "lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay,
+            "betas": list(cfg.betas), "eps": cfg.eps}
+
+
+def parse_optim(optim) -> OptimConfig:
+    """An init's ``optim`` map -> a validated ``OptimConfig`` (absent fields take their defaults), or a
+    ``ProtocolError`` naming what is wrong (unknown field, unknown optimizer, value out of range)."""
+    if not isinstance(optim, dict):
+        raise ProtocolError(f"bad optimizer settings in init: expected a map, got {type(optim).__name__}")
+    unknown = sorted(set(optim) - set(OPTIM_FIELDS))
+    if unknown:
+        raise ProtocolError(f"bad optimizer settings in init: unknown field {unknown[0]!r}")
+    try:
+        cfg = OptimConfig(**optim)
+        for name in ("lr", "momentum", "weight_decay", "eps"):
+            value = getattr(cfg, name)
+            if type(value) not in (int, float):
+                raise TypeError(f"{name} must be a number, got {value!r:.40}")
+            setattr(cfg, name, float(value))
+        if not (isinstance(cfg.betas, (list, tuple)) and all(type(b) in (int, float) for b in cfg.betas)):
+            raise TypeError(f"betas must be two numbers, got {cfg.betas!r:.40}")
+        cfg.betas = tuple(float(b) for b in cfg.betas)
+        if not isinstance(cfg.name, str):
+            raise TypeError(f"name must be a string, got {cfg.name!r:.40}")
+        cfg.validate()
+    except (TypeError, ValueError) as e:  # ConfigError is a ValueError: all the peer's fault
+        raise ProtocolError(f"bad optimizer settings in init: {e}") from None
+    return cfg
+
+
+class ServerSGD:
+    """SGD with momentum and weight decay (dampening 0, no Nesterov), in place, one fused call per update."""
+
+    whole = False
+
+    def __init__(self, cfg: OptimConfig, params: dict[str, torch.Tensor]):
+        self.cfg = cfg
+        # momentum buffers start at zero rather than as a copy of the first gradient: 0.9 * 0 + g is g
+        self.bufs = {k: torch.zeros_like(p).view(-1) for k, p in params.items()} if cfg.momentum else {}
+
+    def step(self, ready: list[tuple]) -> None:
+        cfg, bufs = self.cfg, self.bufs
+        params = [r[2] for r in ready]
+        grads = [r[3] for r in ready]
+        if bufs:  # a region's slice of the key's buffer (no slicing for whole keys: views cost microseconds)
+            moms = [b if o == 0 and g.numel() == b.numel() else b[o:o + g.numel()]
+                    for k, o, _, g in ready for b in (bufs[k],)]
+        else:
+            moms = [None] * len(ready)
+        sgd(params, grads, moms, fused=True, weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
+            dampening=0.0, nesterov=False, maximize=False)
+
+
+class ServerAdam:
+    """Adam (L2 weight decay as torch.optim.Adam, no AMSGrad), in place, one fused call per update."""
+
+    whole = True
+
+    def __init__(self, cfg: OptimConfig, params: dict[str, torch.Tensor]):
+        self.cfg = cfg
+        self.exp_avg = {k: torch.zeros_like(p).view(-1) for k, p in params.items()}
+        self.exp_avg_sq = {k: torch.zeros_like(p).view(-1) for k, p in params.items()}
+        # torch keeps fused Adam's step count as a float32 tensor on the parameter's device
+        self.steps = {k: torch.zeros((), dtype=torch.float32, device=p.device) for k, p in params.items()}
+
+    def step(self, ready: list[tuple]) -> None:
+        cfg = self.cfg
+        keys = [r[0] for r in ready]
+        if len(set(keys)) != len(keys) or any(r[1] != 0 or r[2].numel() != self.exp_avg[r[0]].numel()
+                                              for r in ready):
+            raise ValueError("Adam updates whole keys, each at most once per call")
+        adam([r[2] for r in ready], [r[3] for r in ready], [self.exp_avg[k] for k in keys],
+             [self.exp_avg_sq[k] for k in keys], [], [self.steps[k] for k in keys], fused=True,
+             amsgrad=False, beta1=cfg.betas[0], beta2=cfg.betas[1], lr=cfg.lr, weight_decay=cfg.weight_decay,
+             eps=cfg.eps, maximize=False)
+
+
+def make_server_optimizer(cfg: OptimConfig, params: dict[str, torch.Tensor]):
+    if cfg.name == "sgd":
+        return ServerSGD(cfg, params)
+    if cfg.name == "adam":
+        return ServerAdam(cfg, params)
+    raise ProtocolError(f"unknown optimizer {cfg.name!r}")
