@@ -40,6 +40,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ps-design", default=d.ps_design,
                    help="ps: server-optimizer (servers update) | aggregate (servers sum, workers update)")
     p.add_argument("--straggler", default=d.straggler, help="RANK:FACTOR: slow one worker's compute FACTOR times")
+    p.add_argument("--curve", default=d.curve, help="ps: CurveZMQ key folder from `psring keys DIR` (encrypted; "
+                   "servers accept only authorized workers)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="write an atomic checkpoint (model, optimizer, PS shards) every K steps")
+    p.add_argument("--resume", default=d.resume, help="continue from the checkpoint in this run folder")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--augment", action="store_true", help="random crop + horizontal flip")
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0 = cores/N)")
@@ -74,7 +79,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
                       data_dir=a.data_dir, partition=a.partition, eval=a.eval, consistency=a.consistency,
                       staleness=a.staleness, ps_design=a.ps_design, straggler=a.straggler, net=a.net,
                       link_rate=a.link_rate, server_link_rate=a.server_link_rate, link_delay=a.link_delay,
-                      compute=a.compute,
+                      compute=a.compute, curve=a.curve, checkpoint_every=a.checkpoint_every, resume=a.resume,
                       optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, name=a.optimizer))
     return cfg.validate()
 
@@ -119,9 +124,16 @@ def cmd_server(a) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
     import zmq
 
+    if a.curve:
+        from .auth import AuthError, check_dir
+
+        try:
+            check_dir(a.curve, "server")
+        except AuthError as e:
+            raise ConfigError(str(e)) from None
     try:
         return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics,
-                          a.frame_kb * 1024 if a.frame_kb > 0 else None)
+                          a.frame_kb * 1024 if a.frame_kb > 0 else None, curve=a.curve)
     except zmq.ZMQError as e:  # binding: port in use, address not on this host, ...
         raise ConfigError(f"psring server on tcp://{a.bind}:{a.port}: {e}") from None
 
@@ -210,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--idle-timeout", type=float, default=600.0, help="exit if no request for this long (s)")
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--metrics", help="write the server's per-step figures here (JSON lines)")
+    s.add_argument("--curve", help="CurveZMQ key folder (psring keys DIR): accept only its authorized clients")
     s.add_argument("--frame-kb", type=int, default=0,
                    help="split replied tensors over frames of at most this many KB (default 0: one frame per "
                         "tensor, which CPU workers use in place without a copy)")

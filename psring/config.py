@@ -83,6 +83,9 @@ class TrainConfig:
     consistency: str = "bsp"  # bsp | ssp | asp
     staleness: int = 2  # SSP's bound k: a worker starting step t waits while the slowest is below t - k
     ps_design: str = "server-optimizer"  # servers run the optimizer, or only sum gradients ("aggregate")
+    curve: str | None = None  # ps: CurveZMQ key folder (psring keys DIR): encrypted, only known workers
+    checkpoint_every: int = 0  # write an atomic checkpoint every K steps (0: never)
+    resume: str | None = None  # a run folder (or its checkpoint/) to continue from
     # --- experiments ---
     straggler: str | None = None  # "RANK:FACTOR": that worker's compute takes FACTOR times as long
     eval: bool = True  # test accuracy on the held-out split at the end of every epoch (and of the run)
@@ -146,6 +149,14 @@ class TrainConfig:
             )
         self._validate_choices()
         self.optim.validate()
+        if self.curve is not None:
+            from .auth import AuthError, check_dir
+
+            try:
+                check_dir(self.curve, "server")
+                check_dir(self.curve, "worker")
+            except AuthError as e:
+                raise ConfigError(str(e)) from None
         if self.dataset != "synthetic":
             from .train.datasets import check_available
 
@@ -172,6 +183,13 @@ class TrainConfig:
                 raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
         if self.sync != "ps" and (self.consistency != "bsp" or self.ps_design != "server-optimizer"):
             raise ConfigError(f"--consistency and --ps-design apply to --sync ps only (got --sync {self.sync})")
+        if self.ps_design == "aggregate" and self.consistency != "bsp":
+            raise ConfigError(f"--ps-design aggregate sums every worker's gradient for a step, so it needs "
+                              f"--consistency bsp (got {self.consistency})")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if self.curve is not None and self.sync != "ps":
+            raise ConfigError(f"--curve secures the parameter server's sockets: it needs --sync ps (got {self.sync})")
         if self.staleness < 0:
             raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
         if self.straggler is not None:

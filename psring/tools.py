@@ -1,4 +1,4 @@
-"""Sub-commands around the runs: ``psring calibrate``, ``psring plot``, ``psring net cleanup``.
+"""Sub-commands around the runs: ``psring calibrate``, ``psring plot``, ``psring net cleanup``, ``psring keys``.
 
 Kept apart from ``cli.py`` (training, sweeps, bench) so each file stays about one thing. Every command
 returns an exit code; user errors raise ``ConfigError`` (one line, exit 2).
@@ -51,7 +51,26 @@ def cmd_net(a) -> int:
     return 0
 
 
+def cmd_keys(a) -> int:
+    from .auth import AuthError, make_keys
+
+    try:
+        made = make_keys(a.dir, a.name)
+    except AuthError as e:
+        raise ConfigError(str(e)) from None
+    for path in made:
+        print(path)
+    print(f"servers: --curve {a.dir} (needs server.key_secret and authorized/); "
+          f"workers: --curve {a.dir} (needs server.key and {a.name}.key_secret)")
+    return 0
+
+
 def add_tool_parsers(sub) -> None:
+    k = sub.add_parser("keys", help="write CurveZMQ key pairs for --curve (servers accept only listed workers)")
+    k.add_argument("dir", help="key folder (created)")
+    k.add_argument("--name", default="worker", help="the client key pair's name (default %(default)s)")
+    k.set_defaults(func=cmd_keys)
+
     c = sub.add_parser("calibrate", help="measure latency alpha and bandwidth B for the cost model")
     c.add_argument("--out", default="results/calibration", help="directory for calibration.json")
     c.add_argument("--net", default="loopback", help="loopback (default) | emulated (one rate-limited link)")

@@ -55,6 +55,8 @@ def start_servers(cfg: TrainConfig, out: Path, kids: Children, place: Placement)
         argv = prefix + [sys.executable, "-m", "psring", "server", "--workers", str(cfg.workers), "--port", "0",
                          "--bind", addr, "--port-file", str(pf), "--idle-timeout", str(max(cfg.timeout_s * 2, 60)),
                          "--metrics", str(out / "servers" / f"server{i}.jsonl")]
+        if cfg.curve:
+            argv += ["--curve", cfg.curve]
         specs.append((f"server {i}", argv, pf, out / "logs" / f"server{i}.log"))
     return start_listeners(kids, specs)
 

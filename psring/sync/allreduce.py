@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import OptimConfig
-from .base import Synchronizer, SyncStats, grad_bytes, make_local_sgd, timed_update
+from .base import Synchronizer, SyncStats, grad_bytes, make_local_optimizer, timed_update
 from .buckets import Bucket, GradBuckets
 from .process_group import ProcessGroupInfo
 
@@ -42,7 +42,7 @@ class AllReduceSync(Synchronizer):
         self.inflight: list[tuple[Bucket, object]] = []
         self.deferred: list[Bucket] = []
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
-        self.optimizer = make_local_sgd([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
+        self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                         grad_divisor=self.world)
         return model
 
@@ -54,7 +54,7 @@ class AllReduceSync(Synchronizer):
 
     def _launch(self, b: Bucket) -> None:
         b.launched_at = time.perf_counter()
-        # the sum; the optimizer divides by N (see make_local_sgd), so nothing runs after the last bucket
+        # the sum; the optimizer divides by N (see make_local_optimizer), so nothing runs after the last bucket
         work = dist.all_reduce(b.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True)
         self.inflight.append((b, work))
 

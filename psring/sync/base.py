@@ -94,9 +94,6 @@ def make_local_optimizer(params, optim: OptimConfig, grad_divisor: int = 1) -> t
     return opt
 
 
-# The earlier name, still used by allreduce.py, ddp.py and none.py: it follows ``optim.name`` too.
-make_local_sgd = make_local_optimizer
-
 
 def timed_update(optimizer: torch.optim.Optimizer, device: torch.device) -> float:
     """Run ``optimizer.step()`` and return its wall time (device synchronized around it on GPU)."""

@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..config import OptimConfig
 from .allreduce import ring_bytes_per_worker
-from .base import Synchronizer, SyncStats, grad_bytes, make_local_sgd, timed_update
+from .base import Synchronizer, SyncStats, grad_bytes, make_local_optimizer, timed_update
 from .process_group import ProcessGroupInfo
 
 
@@ -25,7 +25,7 @@ class DDPSync(Synchronizer):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.pg.group)
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
-        self.optimizer = make_local_sgd(ddp.parameters(), self.optim_cfg)
+        self.optimizer = make_local_optimizer(ddp.parameters(), self.optim_cfg)
         return ddp
 
     def step(self, step: int) -> SyncStats:

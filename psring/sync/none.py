@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..config import OptimConfig
-from .base import Synchronizer, SyncStats, make_local_sgd, timed_update
+from .base import Synchronizer, SyncStats, make_local_optimizer, timed_update
 
 
 class NoSync(Synchronizer):
@@ -16,7 +16,7 @@ class NoSync(Synchronizer):
         self.optim_cfg = optim
 
     def attach(self, model: nn.Module) -> nn.Module:
-        self.optimizer = make_local_sgd(model.parameters(), self.optim_cfg)
+        self.optimizer = make_local_optimizer(model.parameters(), self.optim_cfg)
         return model
 
     def step(self, step: int) -> SyncStats:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zmq
 
+from ...auth import secure_client
 from .protocol import PROTOCOL, decode_tensors, encode_tensors, pack_header, unpack_header
 
 
@@ -12,7 +13,9 @@ class PSError(RuntimeError):
 
 
 class PSClient:
-    def __init__(self, addrs: list[str], worker: int, timeout_s: float, frame_bytes: int | None = 1 << 20):
+    def __init__(self, addrs: list[str], worker: int, timeout_s: float, frame_bytes: int | None = 1 << 20,
+                 curve: str | None = None):
+        """``curve``: a key folder (``psring keys``): encrypt, and authenticate as its worker key pair."""
         self.addrs, self.worker, self.timeout_ms = list(addrs), worker, int(timeout_s * 1000)
         self.frame_bytes = frame_bytes
         self.ctx = zmq.Context()
@@ -20,6 +23,8 @@ class PSClient:
         for addr in self.addrs:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = 0
+            if curve:
+                secure_client(s, curve)
             s.connect(addr)
             self.socks.append(s)
         self._next = 0  # the next request id

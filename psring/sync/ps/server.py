@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import zmq
 
+from ...auth import secure_server
 from .protocol import PROTOCOL, ProtocolError, decode_tensors, encode_tensors, pack_header, unpack_header
 from .server_metrics import StepMetrics
 from .store import ShardStore
@@ -36,12 +37,13 @@ log = logging.getLogger("psring.server")
 
 class ParameterServer:
     def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0,
-                 metrics_path: str | None = None, frame_bytes: int | None = None):
+                 metrics_path: str | None = None, frame_bytes: int | None = None, curve: str | None = None):
         self.metrics_path, self.frame_bytes = metrics_path, frame_bytes
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
+        self.auth = secure_server(self.ctx, self.sock, curve) if curve else None  # before bind
         self.sock.linger = 2000  # let the last replies (to "done") leave before the process exits
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises, not drops
         addr = f"tcp://{bind}"
@@ -184,16 +186,19 @@ class ParameterServer:
     def close(self) -> None:
         self.metrics.close()
         self.sock.close()
+        if self.auth is not None:
+            self.auth.stop()
         self.ctx.term()
 
 
 def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
-               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = None) -> int:
+               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = None,
+               curve: str | None = None) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes)
+    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes, curve)
     try:
         if port_file:  # atomic: the launcher never reads a half-written port
             tmp = Path(f"{port_file}.tmp{os.getpid()}")

@@ -39,8 +39,9 @@ class PSSync(Synchronizer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True,
                  frame_kb: int = 1024, design: str = "server-optimizer", consistency: str = "bsp",
-                 staleness: int = 2):
+                 staleness: int = 2, curve: str | None = None):
         super().__init__(rank, world, device)
+        self.curve = curve
         if not addrs:
             raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
         self.semantics = check_semantics(design, consistency, staleness)
@@ -63,7 +64,7 @@ class PSSync(Synchronizer):
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
         self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
             if self.aggregate else None
-        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes)
+        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
         if self.rank == 0:
             init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header()}
             reqs = [self.client.send(s, init,
