@@ -44,6 +44,7 @@ class AllReduceSync(Synchronizer):
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
         self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                         grad_divisor=self.world)
+        self._restore_optimizer()
         return model
 
     def _on_ready(self, b: Bucket) -> None:

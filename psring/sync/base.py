@@ -57,6 +57,23 @@ class Synchronizer(ABC):
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
         self.clock = PhaseClock(device)  # device-synchronizing clock for the strategy's own sub-phases
+        self.resume: tuple[dict, int] | None = None  # (state_dict() of a checkpoint, first step to run)
+
+    def resume_from(self, state: dict, step: int) -> None:
+        """Before ``attach``: continue a run at ``step`` from ``state`` (what ``state_dict`` returned when
+        the checkpoint was written; the model's parameters are already loaded)."""
+        self.resume = (state, step)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs besides the model: the optimizer's state, wherever it lives (here, a
+        local optimizer's; ``ps`` also fetches its servers' shards and optimizer state)."""
+        opt = getattr(self, "optimizer", None)
+        return {"optimizer": opt.state_dict()} if opt is not None else {}
+
+    def _restore_optimizer(self) -> None:
+        """Call at the end of ``attach`` of a strategy with a local optimizer."""
+        if self.resume is not None and "optimizer" in self.resume[0]:
+            self.optimizer.load_state_dict(self.resume[0]["optimizer"])
 
     @abstractmethod
     def attach(self, model: nn.Module) -> nn.Module:

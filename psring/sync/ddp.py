@@ -26,6 +26,7 @@ class DDPSync(Synchronizer):
         ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.pg.group)
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)
         self.optimizer = make_local_optimizer(ddp.parameters(), self.optim_cfg)
+        self._restore_optimizer()
         return ddp
 
     def step(self, step: int) -> SyncStats:

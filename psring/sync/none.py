@@ -17,6 +17,7 @@ class NoSync(Synchronizer):
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.optimizer = make_local_optimizer(model.parameters(), self.optim_cfg)
+        self._restore_optimizer()
         return model
 
     def step(self, step: int) -> SyncStats:
