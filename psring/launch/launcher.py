@@ -16,6 +16,8 @@ from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
 from ..metrics.summary import finalize_run
+from ..train.checkpoint import CheckpointError, check_compatible, last_step
+from ..train.checkpoint import load as load_checkpoint
 from .children import Child, Children, describe_exit, last_line
 from .placement import Placement
 
@@ -207,6 +209,8 @@ def launch(cfg: TrainConfig, echo: bool = True) -> dict:
     ``echo``: show rank 0's progress lines on this terminal (else they go to its log only)."""
     cfg.validate()
     out = Path(cfg.out)
+    if cfg.resume:
+        check_resume(cfg)
     prepare_out(out)
     resolve_compute(cfg, echo)
     kids = Children()
@@ -223,7 +227,13 @@ def launch(cfg: TrainConfig, echo: bool = True) -> dict:
         cfg.save(out / "config.json")
         workers = start_workers(cfg, out, kids, place, echo)
         # stall: a step may legitimately take long (slow links, big models); the network timeout bounds it
-        watch(workers, servers, progress=out / "ranks", stall_s=cfg.timeout_s + 30)
+        try:
+            watch(workers, servers, progress=out / "ranks", stall_s=cfg.timeout_s + 30)
+        except LaunchError as e:
+            step = last_step(out) if cfg.checkpoint_every else None
+            if step is None:
+                raise
+            raise LaunchError(f"{e}; last checkpoint after step {step}: continue with --resume {out}") from None
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -233,6 +243,14 @@ def launch(cfg: TrainConfig, echo: bool = True) -> dict:
             place.close()  # after the processes inside it are gone
         signal.signal(signal.SIGTERM, old)
     return finalize_run(out, cfg.to_dict())
+
+
+def check_resume(cfg: TrainConfig) -> None:
+    """A missing, unreadable or incompatible checkpoint is a one-line error before anything starts."""
+    try:
+        check_compatible(load_checkpoint(cfg.resume), cfg.to_dict(), cfg.resume)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
 
 
 def resolve_compute(cfg: TrainConfig, echo: bool) -> None:

@@ -21,6 +21,7 @@ from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
 from ..sync.process_group import destroy_process_group, env_rank
+from . import checkpoint
 from .data import ShardedBatches, build_dataset
 from .emulation import EmulatedCompute, parse_compute
 from .evaluate import evaluate
@@ -46,7 +47,13 @@ def train(cfg: TrainConfig) -> None:
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
     batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition)
-    model = sync.attach(build_model(cfg.model, cfg.seed).to(sync.device))
+    model, start = build_model(cfg.model, cfg.seed), 0
+    if cfg.resume:  # parameters and buffers before attach (rank 0 hands them to the PS servers)
+        ckpt = checkpoint.load(cfg.resume)
+        model.load_state_dict(ckpt["model"])
+        start = ckpt["step"] + 1
+        sync.resume_from(ckpt["sync"], start)
+    model = sync.attach(model.to(sync.device))
     model.train()
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
@@ -56,7 +63,7 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     compute_s = 0.0  # the previous step's forward+backward, which a straggler stretches by (slow - 1)
     wire = WireCounter()
     with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
-        for step in range(cfg.steps):
+        for step in range(start, cfg.steps):
             t0 = clock.now()
             x, y = batches.get(step)
             x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
@@ -92,6 +99,10 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             log.write(rec)
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
                 print_step(rec, cfg)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                state = sync.state_dict()  # ps: rank 0 fetches the servers' shards; others return {}
+                if rank == 0:
+                    checkpoint.save(out, step, getattr(model, "module", model), state, cfg.to_dict())
     if rank == 0:
         save_model(getattr(model, "module", model), out / "model.pt")
 

@@ -1,0 +1,76 @@
+"""Checkpoints (``--checkpoint-every K``) and resuming (``--resume DIR``).
+
+Rank 0 writes ``OUT/checkpoint/checkpoint.pt`` after every K-th step: the step, the model's state
+(parameters and buffers), the synchronizer's state (a local optimizer's, or every PS server's shard and
+optimizer state, fetched from the servers) and the run's settings. It is written to a temporary file
+and renamed over the previous one, so a run killed at any moment leaves either the old or the new
+checkpoint, never half of one. Loading uses ``torch.load(weights_only=True)``: tensors and plain values
+only, no pickled code.
+
+Resuming a BSP run continues bit for bit: the data order and augmentation are functions of the step,
+and the optimizer state is restored with the parameters. (Under SSP/ASP, a checkpoint is the servers'
+state at that moment, which is all that exists; the run continues from it, not identically.)
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import torch
+
+FOLDER, FILE = "checkpoint", "checkpoint.pt"
+MUST_MATCH = ("sync", "workers", "servers", "model", "ps_design", "consistency")
+
+
+class CheckpointError(ValueError):
+    """No usable checkpoint where one was asked for; one line."""
+
+
+def path_of(where: str | Path) -> Path:
+    """``where`` may be a run folder, its ``checkpoint/`` folder, or the file itself."""
+    p = Path(where)
+    for cand in (p, p / FILE, p / FOLDER / FILE):
+        if cand.is_file():
+            return cand
+    raise CheckpointError(f"no checkpoint in {where} (runs write one with --checkpoint-every K)")
+
+
+def save(out: Path, step: int, model: torch.nn.Module, sync_state: dict, config: dict) -> Path:
+    folder = Path(out) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / FILE
+    tmp = folder / f"{FILE}.tmp{os.getpid()}"
+    torch.save({"step": step, "time": time.time(), "model": model.state_dict(), "sync": sync_state,
+                "config": {k: config.get(k) for k in MUST_MATCH}}, tmp)
+    os.replace(tmp, final)  # atomic on POSIX: readers see the old or the new file
+    return final
+
+
+def load(where: str | Path) -> dict:
+    path = path_of(where)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - a torn or foreign file: say which, in one line
+        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+    if not (isinstance(ckpt, dict) and {"step", "model", "sync", "config"} <= set(ckpt)):
+        raise CheckpointError(f"{path} is not a psring checkpoint")
+    return ckpt
+
+
+def check_compatible(ckpt: dict, config: dict, where: str) -> None:
+    for k in MUST_MATCH:
+        if ckpt["config"].get(k) != config.get(k):
+            raise CheckpointError(f"checkpoint in {where} was written with {k}={ckpt['config'].get(k)!r}, "
+                                  f"this run has {k}={config.get(k)!r}")
+    if ckpt["step"] + 1 >= config["steps"]:
+        raise CheckpointError(f"checkpoint in {where} is after step {ckpt['step']}: nothing left of "
+                              f"--steps {config['steps']}")
+
+
+def last_step(out: Path) -> int | None:
+    """The step of the checkpoint in run folder ``out``, if there is a readable one (for messages)."""
+    try:
+        return int(load(out)["step"])
+    except CheckpointError:
+        return None
