@@ -53,7 +53,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds any network wait may take before the run fails (default %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
     p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25)")
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25; ps 4)")
     p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first bucket, MB (default 1)")
     p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame of a push, KB (0 = one per tensor)")
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
@@ -88,8 +88,11 @@ def cmd_train(a) -> int:
     from .launch.launcher import launch
 
     s = launch(config_from_args(a))
-    print(f"done: {s['steps_completed']} steps, {s['samples_per_s']:.1f} samples/s, "
-          f"loss {s['first_loss']:.4f} -> {s['final_loss']:.4f}; results in {a.out}")
+    def fmt(x, spec):  # None: not measured, or not a finite number (a diverged loss)
+        return "n/a" if x is None else format(x, spec)
+
+    print(f"done: {s['steps_completed']} steps, {fmt(s.get('samples_per_s'), '.1f')} samples/s, "
+          f"loss {fmt(s.get('first_loss'), '.4f')} -> {fmt(s.get('final_loss'), '.4f')}; results in {a.out}")
     return 0
 
 

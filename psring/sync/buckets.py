@@ -4,7 +4,9 @@ callback in a fixed order as soon as all their gradients are accumulated during 
 As in DDP (Li et al., VLDB 2020): parameters are bucketed in reverse registration order (roughly the
 order backward produces their gradients), the first bucket is small so communication starts early, and
 buckets are launched strictly in index order so every rank issues the same collectives in the same
-order (out-of-order launches would mismatch collectives across ranks and hang).
+order (out-of-order launches would mismatch collectives across ranks and hang). With ``groups`` (the
+PS: one group per server) the order is kept within each group only: a server's messages from one
+worker arrive in order on their own socket, and no server's buckets wait for another's.
 
 Example::
 
@@ -92,7 +94,9 @@ class GradBuckets:
                     self._of[id(p)] = (b, view)
                     p.register_post_accumulate_grad_hook(self._hook)
         self._ready: set[int] = set()
-        self._next = 0
+        self._group_of = [b.extra["group"] for b in self.buckets]
+        self._order = [[b.index for b in self.buckets if b.extra["group"] == g] for g in range(len(groups))]
+        self._next = [0] * len(groups)  # per group: position in _order of its next bucket to launch
 
     def _hook(self, p: nn.Parameter) -> None:
         b, view = self._of[id(p)]
@@ -102,20 +106,22 @@ class GradBuckets:
         b.ready += 1
         if b.ready == len(b.params):
             self._ready.add(b.index)
-            self._launch_in_order()
+            self._launch_in_order(self._group_of[b.index])
 
-    def _launch_in_order(self) -> None:
-        while self._next < len(self.buckets) and self._next in self._ready:
-            self.on_ready(self.buckets[self._next])
-            self._next += 1
+    def _launch_in_order(self, g: int) -> None:
+        order = self._order[g]
+        while self._next[g] < len(order) and order[self._next[g]] in self._ready:
+            self.on_ready(self.buckets[order[self._next[g]]])
+            self._next[g] += 1
 
     def flush(self) -> None:
         """Launch every bucket backward did not complete (some parameter got no gradient), in order."""
         self._ready.update(range(len(self.buckets)))
-        self._launch_in_order()
+        for g in range(len(self._order)):
+            self._launch_in_order(g)
 
     def reset(self) -> None:
         for b in self.buckets:
             b.ready = 0
         self._ready.clear()
-        self._next = 0
+        self._next = [0] * len(self._order)
