@@ -64,6 +64,7 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
         for ph in SERVER_PARTS:
             out[f"server_{ph}_p50"] = _num(st[ph].median())
         out["server_errors"] = int(servers["errors"].sum())
+        out.update(staleness_summary(servers))
     losses = steps[steps["step"].isin(complete)].groupby("step")["loss"].mean()
     out["first_loss"] = _num(losses.iloc[0]) if len(losses) else None
     out["final_loss"] = _num(losses.iloc[-1]) if len(losses) else None
@@ -73,6 +74,21 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["best_test_acc"] = _num(acc["test_acc"].max()) if len(acc) else None
     out["epochs_evaluated"] = len(acc)
     return out
+
+
+def staleness_summary(servers: pd.DataFrame) -> dict:
+    """Over every applied push of the run (SSP/ASP; 0 under BSP): the largest and the mean staleness
+    (clock units: how many steps behind the slowest clock the pushed gradient's parameters were)."""
+    if "staleness" not in servers:
+        return {}
+    hist: dict[int, int] = {}
+    for h in servers["staleness"].dropna():
+        for value, count in h.items():
+            hist[int(value)] = hist.get(int(value), 0) + int(count)
+    total = sum(hist.values())
+    return {"server_staleness_max": max(hist) if hist else None,
+            "server_staleness_mean": _num(sum(v * c for v, c in hist.items()) / total) if total else None,
+            "server_staleness_hist": {str(k): hist[k] for k in sorted(hist)}}
 
 
 def load_server_records(out: Path) -> pd.DataFrame:
