@@ -6,6 +6,8 @@ What is drawn depends on what the folder holds:
   and ``breakdown`` (median phase times per strategy and N); without ``runs.csv``, the
   ``summary.json`` files of its run folders give ``breakdown`` alone;
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
+* run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
+  staleness histograms);
 * run folders (``steps.jsonl``, ``ranks/`` or ``trace.json``) -> ``timeline_<run>`` of the ps run and
   the all-reduce run with the most workers (and servers).
 
@@ -21,12 +23,13 @@ import sys
 from pathlib import Path
 
 from .breakdown import figure_breakdown
+from .convergence import accuracy_runs, figure_convergence
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .message_size import figure_message_size, load_bench
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info
 
-__all__ = ["figure_breakdown", "figure_message_size", "figure_speedup", "figure_timeline", "main", "model_curve",
+__all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_speedup", "figure_timeline", "main", "model_curve",
            "plot_results", "show", "timeline_runs"]
 
 
@@ -75,6 +78,9 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     for b in benches:
         written += save(figure_message_size(load_bench(b), link, calibration_note=note), out,
                         _stem("message_size", folder, b), formats)
+
+    if accuracy_runs(folder):  # runs that measured held-out accuracy (e.g. experiments/convergence.toml)
+        written += save(figure_convergence(folder), out, "convergence", formats)
 
     for d in timeline_runs(folder):
         written += save(figure_timeline([d]), out, _stem("timeline", folder, d), formats)

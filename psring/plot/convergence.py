@@ -1,0 +1,78 @@
+"""Held-out accuracy over steps and over wall time, one line per run, and the staleness of applied PS
+updates (``experiments/convergence.toml``: BSP, SSP, ASP and all-reduce, with and without a straggler).
+Accuracy is measured at the end of every epoch (``test_acc`` in ``steps.jsonl``, rank 0)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from .common import SERIES_COLORS, new_figure
+
+CONSISTENCY_COLORS = {"bsp": "tab:red", "ssp": "tab:purple", "asp": "tab:olive"}
+
+
+def label(cfg: dict) -> str:
+    name = cfg["sync"] if cfg["sync"] != "ps" else f"ps {cfg.get('consistency', 'bsp').upper()}"
+    if cfg.get("consistency") == "ssp":
+        name += f"(k={cfg.get('staleness')})"
+    slow = cfg.get("straggler")
+    factor = float(slow.split(":")[1]) if slow else 1.0
+    return name + (f", worker {slow.split(':')[0]} {factor:g}x slower" if factor > 1 else "")
+
+
+def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
+    """(config, rank 0's evaluated steps [step, wall_s, test_acc], summary) of every run with accuracy."""
+    found = []
+    for d in sorted(Path(folder).glob("runs/*")):
+        steps, cfg_file = d / "steps.jsonl", d / "config.json"
+        if not (steps.exists() and cfg_file.exists()):
+            continue
+        df = pd.read_json(steps, lines=True)
+        if "test_acc" not in df or df["test_acc"].isna().all():
+            continue
+        r0 = df[df["rank"] == 0].sort_values("step")
+        start = r0["time"].iloc[0] - r0["step_s"].iloc[0]
+        ev = r0[r0["test_acc"].notna()].assign(wall_s=lambda x: x["time"] - start)[["step", "wall_s", "test_acc"]]
+        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+        found.append((json.loads(cfg_file.read_text()), ev, summary))
+    return found
+
+
+def figure_convergence(folder: Path):
+    runs = accuracy_runs(folder)
+    if not runs:
+        raise ValueError(f"{folder}: no run with test accuracy (test_acc) in its steps.jsonl")
+    fig, axes = new_figure(15, 4.6, ncols=3)
+    ax_step, ax_wall, ax_stale = axes[0]
+    for cfg, ev, _ in runs:
+        color = CONSISTENCY_COLORS.get(cfg.get("consistency"), "tab:red") if cfg["sync"] == "ps" \
+            else SERIES_COLORS.get(cfg["sync"], "tab:blue")
+        slow = bool(cfg.get("straggler")) and float(cfg["straggler"].split(":")[1]) > 1
+        style = dict(color=color, linestyle="--" if slow else "-", marker="o", markersize=3, label=label(cfg))
+        ax_step.plot(ev["step"] + 1, 100 * ev["test_acc"], **style)
+        ax_wall.plot(ev["wall_s"], 100 * ev["test_acc"], **style)
+    for ax, xl in ((ax_step, "training steps"), (ax_wall, "wall time since the first step (s)")):
+        ax.set_xlabel(xl)
+        ax.set_ylabel("held-out accuracy (%)")
+        ax.grid(alpha=0.3)
+    ax_step.set_title("accuracy per step (end of each epoch)")
+    ax_wall.set_title("accuracy over wall time: waiting costs time")
+    ax_wall.legend(fontsize=7, loc="lower right")
+
+    stale = [(label(c), s["server_staleness_hist"]) for c, _, s in runs if s.get("server_staleness_hist")
+             and c.get("consistency") in ("ssp", "asp")]
+    width = 0.8 / max(1, len(stale))
+    for i, (name, hist) in enumerate(stale):
+        values = sorted(int(k) for k in hist)
+        total = sum(hist.values())
+        ax_stale.bar([v + i * width for v in values], [100 * hist[str(v)] / total for v in values], width,
+                     label=name)
+    ax_stale.set_xlabel("staleness (steps behind the slowest worker)")
+    ax_stale.set_ylabel("share of updates (%)")
+    ax_stale.set_title("staleness under SSP and ASP (BSP: always 0)")
+    if stale:
+        ax_stale.legend(fontsize=7)
+    ax_stale.grid(alpha=0.3, axis="y")
+    return fig
