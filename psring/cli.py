@@ -125,6 +125,8 @@ def cmd_server(a) -> int:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
     if not 0 <= a.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {a.port}")
+    if not a.max_message_mb > 0:
+        raise ConfigError(f"--max-message-mb must be > 0, got {a.max_message_mb}")
     import zmq
 
     if a.curve:
@@ -136,7 +138,8 @@ def cmd_server(a) -> int:
             raise ConfigError(str(e)) from None
     try:
         return run_server(a.workers, a.bind, a.port, a.port_file, a.idle_timeout, a.threads, a.metrics,
-                          a.frame_kb * 1024 if a.frame_kb > 0 else None, curve=a.curve)
+                          a.frame_kb * 1024 if a.frame_kb > 0 else None, curve=a.curve,
+                          max_message_bytes=int(a.max_message_mb * 2**20))
     except zmq.ZMQError as e:  # binding: port in use, address not on this host, ...
         raise ConfigError(f"psring server on tcp://{a.bind}:{a.port}: {e}") from None
 
@@ -226,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=1)
     s.add_argument("--metrics", help="write the server's per-step figures here (JSON lines)")
     s.add_argument("--curve", help="CurveZMQ key folder (psring keys DIR): accept only its authorized clients")
+    s.add_argument("--max-message-mb", type=float, default=1024.0,
+                   help="refuse requests larger than this (default %(default)s MB; a resumed Adam shard is ~3x its size)")
     s.add_argument("--frame-kb", type=int, default=0,
                    help="split replied tensors over frames of at most this many KB (default 0: one frame per "
                         "tensor, which CPU workers use in place without a copy)")

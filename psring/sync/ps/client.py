@@ -5,7 +5,15 @@ from __future__ import annotations
 import zmq
 
 from ...auth import secure_client
-from .protocol import PROTOCOL, decode_tensors, encode_tensors, pack_header, unpack_header
+from .protocol import (
+    PROTOCOL,
+    SECTIONS,
+    ProtocolError,
+    decode_sections,
+    encode_tensors,
+    pack_header,
+    unpack_header,
+)
 
 
 class PSError(RuntimeError):
@@ -31,11 +39,17 @@ class PSClient:
         self.early: list[dict] = [{} for _ in self.addrs]  # replies that arrived before the one waited for
         self.bytes_sent = self.bytes_recv = 0
 
-    def send(self, server: int, header: dict, named=()) -> int:
-        """Send a request to ``server`` without waiting; returns its request id for ``recv``."""
+    def send(self, server: int, header: dict, named=(), opt_state=()) -> int:
+        """Send a request to ``server`` without waiting; returns its request id for ``recv``. ``named``
+        travel as the header's ``tensors``, ``opt_state`` (an init's optimizer state) after them."""
         req, self._next = self._next, self._next + 1
         metas, frames = encode_tensors(list(named), self.frame_bytes)
-        head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas})
+        extra = {}
+        if opt_state:
+            extra["opt_state"], more = encode_tensors(list(opt_state), self.frame_bytes)
+            frames += more
+        head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas,
+                            **extra})
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
         # copy=False: gradient memory goes to the wire as is. The caller keeps the tensors unchanged
         # until the reply to this or a later request of the same server arrived (the server has then
@@ -44,8 +58,10 @@ class PSClient:
         return req
 
     def recv(self, server: int, req: int):
-        """Wait for the reply to request ``req``; returns ``(header, [(key, tensor), ...])``. Replies to
-        other requests of ours that arrive first are kept for their own ``recv``."""
+        """Wait for the reply to request ``req``; returns ``(header, [(key, tensor), ...])`` (tensors
+        view the received frames: copy what must outlive them). A reply with ``opt_state`` (to ``state``)
+        has it decoded in place: ``header["opt_state"]`` is then ``[(name, tensor), ...]`` too. Replies
+        to other requests of ours that arrive first are kept for their own ``recv``."""
         early = self.early[server]
         while req not in early:
             sock = self.socks[server]
@@ -54,18 +70,30 @@ class PSClient:
                               f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
             msg = sock.recv_multipart(copy=False)
             self.bytes_recv += sum(len(f) for f in msg)
-            header = unpack_header(msg[0].buffer)
+            try:
+                header = unpack_header(msg[0].buffer)
+            except ProtocolError as e:
+                raise PSError(f"PS server {server} ({self.addrs[server]}) sent an unreadable reply: {e}") from None
             got = header.get("req")
+            if got is None and header.get("ok") is False:  # the server could not read our request's id
+                raise PSError(f"PS server {server} ({self.addrs[server]}) refused a request it could not "
+                              f"read: {header.get('error')}")
             if type(got) is not int or got >= self._next or got in early:
                 raise PSError(f"PS server {server} answered request {got!r}, which this worker did not send")
             early[got] = (header, msg[1:])
         header, frames = early.pop(req)
         if not header.get("ok"):
             raise PSError(f"PS server {server} ({self.addrs[server]}) refused request: {header.get('error')}")
-        return header, decode_tensors(header, [f.buffer for f in frames])
+        try:
+            sections = decode_sections(header, [f.buffer for f in frames], SECTIONS)
+        except ProtocolError as e:
+            raise PSError(f"PS server {server} ({self.addrs[server]}) sent a malformed reply: {e}") from None
+        if "opt_state" in header:
+            header["opt_state"] = sections["opt_state"]
+        return header, sections["tensors"]
 
-    def call(self, server: int, header: dict, named=()):
-        return self.recv(server, self.send(server, header, named))
+    def call(self, server: int, header: dict, named=(), opt_state=()):
+        return self.recv(server, self.send(server, header, named, opt_state))
 
     def close(self) -> None:
         for s in self.socks:

@@ -82,13 +82,14 @@ def parse_semantics(header: dict) -> Semantics:
 class Clocks:
     """ASP/SSP bookkeeping of one shard: workers' clocks, what each worker last read, staleness."""
 
-    def __init__(self, workers: int, keys: list[str]):
+    def __init__(self, workers: int, keys: list[str], start: int = 0):
+        """``start``: every worker's clock at init (a resumed run's first step)."""
         self.workers, self.keys = workers, list(keys)
-        self.clock = [0] * workers
+        self.clock = [start] * workers
         self.pending: list[set[str]] = [set() for _ in range(workers)]  # keys pushed in the current step
         self.updates = dict.fromkeys(self.keys, 0)  # updates applied per key (all workers)
-        # per worker and key: (updates, key clock) of the values last sent to it (the initial ones: 0, 0)
-        self.read: list[dict[str, tuple[int, int]]] = [dict.fromkeys(self.keys, (0, 0)) for _ in range(workers)]
+        # per worker and key: (updates, key clock) of the values last sent to it (the initial ones: 0, start)
+        self.read: list[dict[str, tuple[int, int]]] = [dict.fromkeys(self.keys, (0, start)) for _ in range(workers)]
 
     @property
     def slowest(self) -> int:
@@ -98,10 +99,16 @@ class Clocks:
         """The fewest updates of ``key`` any worker has had applied."""
         return min(c + (key in p) for c, p in zip(self.clock, self.pending))
 
-    def check(self, worker: int, step, keys: list[str]) -> None:
+    def check(self, worker: int, step, keys: list[str], lead: int | None = None) -> None:
+        """``lead``: SSP's k; a push more than k steps ahead of the slowest worker comes from a worker that
+        did not wait for its previous step's replies (an honest one pushes step t once the slowest
+        completed t - k steps), and is refused, so the replies waiting on the server stay bounded."""
         if type(step) is not int or step != self.clock[worker]:
-            raise ProtocolError(f"push for step {step!r} but worker {worker} is at step {self.clock[worker]} "
+            raise ProtocolError(f"push for step {step!r:.40} but worker {worker} is at step {self.clock[worker]} "
                                 f"on this shard")
+        if lead is not None and step > self.slowest + lead:
+            raise ProtocolError(f"push for step {step} is more than {lead} steps ahead of the slowest worker "
+                                f"(step {self.slowest}; SSP bound {lead})")
         for key in keys:
             if key in self.pending[worker]:
                 raise ProtocolError(f"key {key!r} pushed twice by worker {worker} for step {step}")

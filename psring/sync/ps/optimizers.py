@@ -9,6 +9,10 @@ SGD is elementwise with elementwise state (the momentum buffer), so it can updat
 a gradient that arrived in several frames is applied frame by frame, straight from the wire. Adam keeps
 a per-tensor step count, so it updates whole keys only (``whole = True``: the store joins a split
 gradient first).
+
+State (``state_tensors`` / ``load_state``, for checkpoints): named ``KIND/KEY`` with torch's names for
+the kinds (``momentum_buffer``; ``exp_avg``, ``exp_avg_sq``, ``step``), each in its parameter's shape
+(``step``: a float32 scalar), so a shard restored from them continues bit for bit.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
 from ...config import OptimConfig
-from .protocol import ProtocolError
+from .protocol import Pieces, ProtocolError
 
 OPTIM_FIELDS = ("name", "lr", "momentum", "weight_decay", "betas", "eps")
 
@@ -54,6 +58,46 @@ def parse_optim(optim) -> OptimConfig:
     return cfg
 
 
+def state_kinds(cfg: OptimConfig | None) -> tuple[str, ...]:
+    """The optimizer state kinds each key has (``cfg`` None: no optimizer here, design aggregate)."""
+    if cfg is None or (cfg.name == "sgd" and not cfg.momentum):
+        return ()
+    return ("momentum_buffer",) if cfg.name == "sgd" else ("exp_avg", "exp_avg_sq", "step")
+
+
+def check_opt_state(kinds: tuple[str, ...], params: dict[str, torch.Tensor], named: list) -> dict:
+    """An init's ``opt_state`` -> ``{(kind, key): tensor or Pieces}``: nothing at all (fresh state), or
+    exactly one tensor of every kind for every key, each of the right dtype and shape; else a
+    ``ProtocolError`` (checked before the shard changes)."""
+    out: dict[tuple[str, str], object] = {}
+    for name, t in named:
+        kind, sep, key = name.partition("/")
+        if not sep or kind not in kinds:
+            raise ProtocolError(f"init: optimizer state {name!r:.80} is not KIND/KEY with KIND one of "
+                                f"{', '.join(kinds) or '(none: this optimizer keeps no state)'}")
+        p = params.get(key)
+        if p is None:
+            raise ProtocolError(f"init: optimizer state {name!r:.80} for a key the init does not carry")
+        if (kind, key) in out:
+            raise ProtocolError(f"init: optimizer state {name!r:.80} twice")
+        shape, dtype = (torch.Size(()), torch.float32) if kind == "step" else (p.shape, p.dtype)
+        if t.shape != shape or t.dtype != dtype:
+            raise ProtocolError(f"init: optimizer state {name!r:.80} is {t.dtype} {tuple(t.shape)}, "
+                                f"expected {dtype} {tuple(shape)}")
+        out[(kind, key)] = t
+    if out and len(out) != len(kinds) * len(params):
+        kind, key = next((k, p) for p in params for k in kinds if (k, p) not in out)
+        raise ProtocolError(f"init: optimizer state incomplete: no {kind}/{key}")
+    return out
+
+
+def _load(dst: torch.Tensor, src) -> None:
+    if isinstance(src, Pieces):
+        src.copy_into(dst)
+    else:
+        dst.copy_(src.reshape(dst.shape))
+
+
 class ServerSGD:
     """SGD with momentum and weight decay (dampening 0, no Nesterov), in place, one fused call per update."""
 
@@ -63,6 +107,14 @@ class ServerSGD:
         self.cfg = cfg
         # momentum buffers start at zero rather than as a copy of the first gradient: 0.9 * 0 + g is g
         self.bufs = {k: torch.zeros_like(p).view(-1) for k, p in params.items()} if cfg.momentum else {}
+        self.shapes = {k: p.shape for k, p in params.items()}
+
+    def state_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return [(f"momentum_buffer/{k}", b.view(self.shapes[k]).clone()) for k, b in self.bufs.items()]
+
+    def load_state(self, state: dict) -> None:
+        for (_, key), t in state.items():
+            _load(self.bufs[key], t)
 
     def step(self, ready: list[tuple]) -> None:
         cfg, bufs = self.cfg, self.bufs
@@ -88,6 +140,16 @@ class ServerAdam:
         self.exp_avg_sq = {k: torch.zeros_like(p).view(-1) for k, p in params.items()}
         # torch keeps fused Adam's step count as a float32 tensor on the parameter's device
         self.steps = {k: torch.zeros((), dtype=torch.float32, device=p.device) for k, p in params.items()}
+        self.shapes = {k: p.shape for k, p in params.items()}
+
+    def state_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        return [(f"{kind}/{k}", t.view(self.shapes[k] if kind != "step" else ()).clone())
+                for kind, d in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq), ("step", self.steps))
+                for k, t in d.items()]
+
+    def load_state(self, state: dict) -> None:
+        for (kind, key), t in state.items():
+            _load({"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "step": self.steps}[kind][key], t)
 
     def step(self, ready: list[tuple]) -> None:
         cfg = self.cfg

@@ -28,24 +28,49 @@ import torch
 import zmq
 
 from ...auth import secure_server
-from .protocol import PROTOCOL, ProtocolError, decode_tensors, encode_tensors, pack_header, unpack_header
+from .optimizers import optim_header
+from .protocol import (
+    PROTOCOL,
+    SECTIONS,
+    ProtocolError,
+    decode_sections,
+    decode_tensors,
+    encode_tensors,
+    int_field,
+    pack_header,
+    unpack_header,
+)
 from .server_metrics import StepMetrics
 from .store import ShardStore
 
 log = logging.getLogger("psring.server")
 
+MAX_MESSAGE_BYTES = 1 << 30  # default cap on a request's frames, in all (init carries a whole shard)
+CURVE_SLACK = 1024  # a frame's bytes on the wire with CURVE: payload + box overhead
+LOG_FIRST, LOG_EVERY = 20, 1000  # rejections logged one by one, then every LOG_EVERY-th (a peer can't flood the log)
+MAX_ERROR_CHARS = 400
+OPS = ("init", "push", "pushpull", "pull", "state", "done")
+
 
 class ParameterServer:
     def __init__(self, workers: int, bind: str = "127.0.0.1", port: int = 0, idle_timeout_s: float = 600.0,
-                 metrics_path: str | None = None, frame_bytes: int | None = None, curve: str | None = None):
+                 metrics_path: str | None = None, frame_bytes: int | None = None, curve: str | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
+        """``max_message_bytes``: the most a request's frames may hold in all (checked before decoding,
+        refused with an error reply); ZeroMQ drops a connection that sends a single frame over it."""
+        if max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
         self.metrics_path, self.frame_bytes = metrics_path, frame_bytes
+        self.max_message_bytes = max_message_bytes
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
+        self.max_parked = max(16, 4 * workers)  # honest workers park one pull each
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.auth = secure_server(self.ctx, self.sock, curve) if curve else None  # before bind
         self.sock.linger = 2000  # let the last replies (to "done") leave before the process exits
         self.sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished peer raises, not drops
+        self.sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes + CURVE_SLACK)  # per frame, in libzmq
         addr = f"tcp://{bind}"
         if port == 0:
             self.port = self.sock.bind_to_random_port(addr)
@@ -56,9 +81,11 @@ class ParameterServer:
         self.parked: list[tuple[bytes, dict]] = []  # pulls waiting for their version
         self.waiting: list[tuple[bytes, object, int, list[str], int]] = []  # pushpulls waiting: (.., worker, keys, step)
         self.done: set[int] = set()
-        self.errors = 0
+        self.errors = self.unexpected = self.dropped = 0
         self.bytes_sent = self.bytes_recv = 0
         self.metrics = StepMetrics(self)
+        self._ops = {"init": self._init, "push": self._push, "pushpull": self._push, "pull": self._pull,
+                     "state": self._state, "done": self._done}
 
     # --- replies ---------------------------------------------------------------------------------
     def _send(self, ident: bytes, header: dict, frames: list = ()) -> None:
@@ -69,15 +96,22 @@ class ParameterServer:
             # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter (or an
             # aggregate's sum buffer, of which there are two) is written again only after every worker
             # has pushed the next step, i.e. after every worker has received this reply in full. Under
-            # ASP/SSP the store hands out copies (``ShardStore.read_values``).
-            self.sock.send_multipart([ident, head, *frames], copy=False)
+            # ASP/SSP the store hands out copies (``ShardStore.read_values``). DONTWAIT: a peer with a
+            # full queue (SNDHWM replies it never read) loses this one rather than stalling everyone.
+            self.sock.send_multipart([ident, head, *frames], copy=False, flags=zmq.DONTWAIT)
         except zmq.ZMQError as e:
-            log.warning("reply to a peer that is gone dropped: %s", e)
+            self.dropped += 1
+            if self.dropped <= LOG_FIRST or self.dropped % LOG_EVERY == 0:
+                log.warning("reply dropped (%d so far; peer gone or not reading): %s", self.dropped, e)
         self.metrics.send_s += time.perf_counter() - t0
 
     def _error(self, ident: bytes, req, msg: str) -> None:
         self.errors += 1
-        log.warning("rejected request %r: %s", req, msg)
+        msg = msg if len(msg) <= MAX_ERROR_CHARS else msg[:MAX_ERROR_CHARS] + "..."
+        if self.errors <= LOG_FIRST:
+            log.warning("rejected request %r: %s", req, msg)
+        elif self.errors % LOG_EVERY == 0:
+            log.warning("%d requests rejected so far (logging every %dth), latest: %s", self.errors, LOG_EVERY, msg)
         self._send(ident, {"ok": False, "req": req, "error": msg})
 
     def _reply_params(self, ident: bytes, req, worker) -> None:
@@ -86,65 +120,108 @@ class ParameterServer:
 
     # --- request handling -------------------------------------------------------------------------
     def handle(self, ident: bytes, header_frame, frames: list) -> None:
+        """One request: a reply now or later, or an error reply; never raises for anything a peer sends."""
         req = None
         try:
             header = unpack_header(header_frame)
             req = header.get("req")
-            if header.get("protocol", PROTOCOL) != PROTOCOL:
-                raise ProtocolError(f"protocol {header.get('protocol')!r} not supported (this server: {PROTOCOL})")
+            if req is not None and type(req) is not int:
+                req = None
+                raise ProtocolError("'req' must be an int")
+            protocol = header.get("protocol", PROTOCOL)
+            if type(protocol) is not int or protocol != PROTOCOL:
+                raise ProtocolError(f"protocol {protocol!r:.40} not supported (this server: {PROTOCOL})")
             op = header.get("op")
-            if op in ("push", "pushpull"):
-                self.metrics.on_push()
-                named, step, worker = decode_tensors(header, frames), header.get("step"), header.get("worker")
-                completed = self.store.push(worker, step, named)
-                if op == "push":
-                    self._send(ident, {"ok": True, "req": req})
-                else:
-                    self.waiting.append((ident, req, worker, [k for k, _ in named], step))
-                if completed:
-                    self.metrics.on_last_push()
-                    self._serve_parked()
-                self._serve_waiting()
-            elif op == "pull":
-                version = header.get("version")
-                if type(version) is not int or version < 0:
-                    raise ProtocolError(f"pull needs a non-negative int version, got {version!r}")
-                if frames:
-                    raise ProtocolError("a pull carries no tensor frames")
-                if self.store.initialized and self.store.aggregate and version > 0:
-                    raise ProtocolError("this server only aggregates gradients (design aggregate): "
-                                        "it holds the initial parameters only, pull version 0")
-                worker = header.get("worker")
-                if not (type(worker) is int and 0 <= worker < self.store.workers):  # ASP/SSP record its reads
-                    raise ProtocolError(f"worker id {worker!r} outside 0..{self.store.workers - 1}")
-                if self.store.version >= version:
-                    self._reply_params(ident, req, worker)
-                else:
-                    self.parked.append((ident, header))
-            elif op == "init":
-                self.store.init(decode_tensors(header, frames), header.get("optim") or {},
-                                {k: header[k] for k in ("design", "consistency", "staleness") if k in header})
-                self._send(ident, {"ok": True, "req": req})
-                self._serve_parked()
-            elif op == "done":
-                worker = header.get("worker")
-                if not (type(worker) is int and 0 <= worker < self.store.workers):
-                    raise ProtocolError(f"worker id {worker!r} outside 0..{self.store.workers - 1}")
-                self.done.add(worker)
-                self._send(ident, {"ok": True, "req": req})
-            else:
-                raise ProtocolError(f"unknown op {op!r}; expected init, push, pushpull, pull or done")
+            handler = self._ops.get(op) if type(op) is str else None
+            if handler is None:
+                raise ProtocolError(f"unknown op {op!r:.40}; expected one of {', '.join(OPS)}")
+            handler(ident, req, header, frames)
         except ProtocolError as e:
             self._error(ident, req, str(e))
         except Exception as e:
-            log.exception("unexpected error handling a request")
-            self._error(ident, req if isinstance(req, (int, str)) else None, f"{type(e).__name__}: {e}")
+            self.unexpected += 1  # a bug: the request is still answered, the loop goes on
+            if self.unexpected <= LOG_FIRST:
+                log.exception("unexpected error handling a request")
+            self._error(ident, req, f"{type(e).__name__}: {e}")
+
+    def _worker(self, header: dict) -> int:
+        worker = header.get("worker")
+        if not (type(worker) is int and 0 <= worker < self.store.workers):
+            raise ProtocolError(f"worker id {worker!r:.40} outside 0..{self.store.workers - 1}")
+        return worker
+
+    @staticmethod
+    def _no_frames(op: str, frames: list) -> None:
+        if frames:
+            raise ProtocolError(f"{op} carries no tensor frames, got {len(frames)}")
+
+    def _push(self, ident: bytes, req, header: dict, frames: list) -> None:
+        t = time.time()
+        named, step, worker = decode_tensors(header, frames), header.get("step"), header.get("worker")
+        completed = self.store.push(worker, step, named)
+        self.metrics.on_push(t)
+        if header["op"] == "push":
+            self._send(ident, {"ok": True, "req": req})
+        else:
+            self.waiting.append((ident, req, worker, [k for k, _ in named], step))
+        if completed:
+            self.metrics.on_last_push()
+            self._serve_parked()
+        self._serve_waiting()
+
+    def _pull(self, ident: bytes, req, header: dict, frames: list) -> None:
+        version = int_field(header, "version")
+        self._no_frames("a pull", frames)
+        self._worker(header)  # ASP/SSP record its reads
+        limit = self.store.pull_limit()
+        if limit is not None and version > limit:
+            raise ProtocolError(self._too_far(version, limit))
+        if self.store.version >= version:
+            self._reply_params(ident, req, header["worker"])
+        elif len(self.parked) >= self.max_parked:
+            raise ProtocolError(f"{len(self.parked)} pulls already wait for their version; refused")
+        else:
+            self.parked.append((ident, header))
+
+    def _too_far(self, version: int, limit: int) -> str:
+        if self.store.aggregate:
+            return (f"this server only aggregates gradients (design aggregate): it holds the parameters of "
+                    f"version {self.store.base} only, pull that")
+        return f"pull of version {version} is too far ahead (shard at {self.store.version}, at most {limit})"
+
+    def _init(self, ident: bytes, req, header: dict, frames: list) -> None:
+        if self.store.initialized:  # before decoding anything: the usual second init is cheap to refuse
+            raise ProtocolError("shard already initialised (a second init arrived)")
+        sections = decode_sections(header, frames, SECTIONS)
+        self.store.init(sections["tensors"], header.get("optim", {}),
+                        {k: header[k] for k in ("design", "consistency", "staleness") if k in header},
+                        sections["opt_state"], header.get("version", 0))
+        self._send(ident, {"ok": True, "req": req})
+        self._serve_parked()
+
+    def _state(self, ident: bytes, req, header: dict, frames: list) -> None:
+        self._no_frames("a state request", frames)
+        self._worker(header)
+        st = self.store.state()
+        metas, tframes = encode_tensors(st["params"], self.frame_bytes)
+        ometas, oframes = encode_tensors(st["opt_state"], self.frame_bytes)
+        self._send(ident, {"ok": True, "req": req, "version": st["version"], "clocks": st["clocks"],
+                           "optim": optim_header(self.store.cfg), **self.store.semantics.header(),
+                           "tensors": metas, "opt_state": ometas}, tframes + oframes)
+
+    def _done(self, ident: bytes, req, header: dict, frames: list) -> None:
+        self._no_frames("done", frames)
+        self.done.add(self._worker(header))
+        self._send(ident, {"ok": True, "req": req})
 
     def _serve_parked(self) -> None:
-        still = []
+        still, limit = [], self.store.pull_limit()
         for ident, header in self.parked:
-            if self.store.version >= header["version"]:
-                self._reply_params(ident, header.get("req"), header.get("worker"))
+            version = header["version"]
+            if limit is not None and version > limit:  # parked before init, beyond what init allows
+                self._error(ident, header.get("req"), self._too_far(version, limit))
+            elif self.store.version >= version:
+                self._reply_params(ident, header.get("req"), header["worker"])
             else:
                 still.append((ident, header))
         self.parked = still
@@ -164,24 +241,36 @@ class ParameterServer:
     def serve(self) -> int:
         """Serve until every worker said done (0) or nothing arrived for ``idle_timeout_s`` (1)."""
         last = time.monotonic()
-        while len(self.done) < self.store.workers:
-            if not self.sock.poll(500):
-                if time.monotonic() - last > self.idle_timeout_s:
-                    log.error("no request for %.0f s; exiting", self.idle_timeout_s)
-                    return 1
-                continue
-            last = time.monotonic()
-            t0 = time.perf_counter()
-            msg = self.sock.recv_multipart(copy=False)
-            self.metrics.recv_s += time.perf_counter() - t0
-            self.bytes_recv += sum(len(f) for f in msg[1:])
-            if len(msg) < 2:
-                continue  # an empty message has nobody to answer
-            version = self.store.version
-            self.handle(msg[0].bytes, msg[1].buffer, [f.buffer for f in msg[2:]])
-            if self.store.version != version and self.store.version > 0:
-                self.metrics.flush(step=self.store.version - 1)
-        return 0
+        try:
+            while len(self.done) < self.store.workers:
+                if not self.sock.poll(500):
+                    if time.monotonic() - last > self.idle_timeout_s:
+                        log.error("no request for %.0f s; exiting", self.idle_timeout_s)
+                        return 1
+                    continue
+                last = time.monotonic()
+                t0 = time.perf_counter()
+                msg = self.sock.recv_multipart(copy=False)
+                self.metrics.recv_s += time.perf_counter() - t0
+                size = sum(len(f) for f in msg[1:])
+                self.bytes_recv += size
+                ident = msg[0].bytes
+                version = self.store.version
+                try:
+                    if len(msg) < 2:  # only an identity: nothing to decode, but the peer can be told
+                        self._error(ident, None, "empty message: no header frame")
+                    elif size > self.max_message_bytes:
+                        self._error(ident, None, f"message of {size} bytes exceeds this server's "
+                                                 f"max_message_bytes ({self.max_message_bytes}); not decoded")
+                    else:
+                        self.handle(ident, msg[1].buffer, [f.buffer for f in msg[2:]])
+                except Exception:
+                    log.exception("error while replying")
+                if version >= 0 and self.store.version != version:  # a step completed (init is not one)
+                    self.metrics.flush(step=self.store.version - 1)
+            return 0
+        finally:
+            self.metrics.finish()
 
     def close(self) -> None:
         self.metrics.close()
@@ -193,12 +282,13 @@ class ParameterServer:
 
 def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
                threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = None,
-               curve: str | None = None) -> int:
+               curve: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes, curve)
+    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes, curve,
+                             max_message_bytes)
     try:
         if port_file:  # atomic: the launcher never reads a half-written port
             tmp = Path(f"{port_file}.tmp{os.getpid()}")
@@ -206,8 +296,8 @@ def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_t
             tmp.rename(port_file)
         log.info("serving %d workers at %s", workers, server.address)
         rc = server.serve()
-        log.info("done: %d updates, %d rejected requests, %d B sent, %d B received",
-                 server.store.version, server.errors, server.bytes_sent, server.bytes_recv)
+        log.info("done: %d updates, %d rejected requests, %d replies dropped, %d B sent, %d B received",
+                 server.store.version, server.errors, server.dropped, server.bytes_sent, server.bytes_recv)
         return rc
     finally:
         server.close()

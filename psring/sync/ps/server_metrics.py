@@ -5,7 +5,9 @@ Fields (seconds and bytes, for the step whose update just completed):
   update_s     the optimizer on the shard           send_s       handing replies to ZeroMQ
   wait_slowest_s  first push of the step -> last push (how long the server waited for the slowest worker)
   bytes_recv / bytes_sent, errors (rejected requests), and wall-clock times t_first_push, t_last_push,
-  t_done for timelines. Replies to pulls that arrive after the update count toward the next step.
+  t_done for timelines. Replies to pulls that arrive after the update count toward the next step, and
+  requests rejected before init toward the first step. A server that exits with rejections not yet in
+  a record writes one more, ``"partial": true``, for the step it was at (a step never completed).
   pushes       gradients (one worker's request) taken since the previous record
   staleness    {value: count} over those pushes, staleness_max its largest value (clock units: how many
                of the slowest worker's steps the gradient's parameters lacked; <= k under SSP, 0 under BSP)
@@ -35,14 +37,20 @@ class StepMetrics:
         self._agg0, self._upd0 = s.store.aggregate_s, s.store.update_s
         self._sent0, self._recv0, self._err0 = s.bytes_sent, s.bytes_recv, s.errors
 
-    def on_push(self) -> None:
+    def on_push(self, t: float) -> None:
+        """An accepted push that arrived at ``t`` (``time.time()``)."""
         if self.t_first_push is None:
-            self.t_first_push = time.time()
+            self.t_first_push = t
 
     def on_last_push(self) -> None:
         self.t_last_push = time.time()
 
-    def flush(self, step: int) -> None:
+    def finish(self) -> None:
+        """At exit: the rejections since the last record, if any, in a partial record."""
+        if self.server.errors != self._err0:
+            self.flush(max(self.server.store.version, 0), partial=True)
+
+    def flush(self, step: int, partial: bool = False) -> None:
         s = self.server
         staleness, delay = s.store.take_staleness()
         if self.f is not None:
@@ -58,6 +66,8 @@ class StepMetrics:
                        staleness={str(k): v for k, v in sorted(staleness.items())},
                        staleness_max=max(staleness, default=0),
                        delay={str(k): v for k, v in sorted(delay.items())}, delay_max=max(delay, default=0))
+            if partial:
+                rec["partial"] = True
             self.f.write(json.dumps(rec) + "\n")
         self._reset()
 

@@ -12,6 +12,9 @@ answers with their new values; ``aggregate`` (BSP only) keeps the initial parame
 gradients and answers with the sum: the workers' local optimizer divides it by N as it reads it, exactly
 as after an all-reduce. The sums are double-buffered by step parity: a reply may still be leaving when
 the next step's first gradient arrives, never when the one after it does.
+
+Checkpoints: ``state`` returns copies of the parameters and optimizer state and the version; ``init``
+takes them back (``opt_state``, ``version``), and the shard continues exactly where the old one was.
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ from collections import Counter
 import torch
 
 from .consistency import Clocks, Semantics, parse_semantics
-from .optimizers import make_server_optimizer, parse_optim
-from .protocol import Pieces, ProtocolError
+from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
+from .protocol import MAX_VERSION, Pieces, ProtocolError
 
 
 class ShardStore:
@@ -31,6 +34,7 @@ class ShardStore:
             raise ValueError(f"a server needs at least one worker, got {workers}")
         self.workers = workers
         self.version = -1  # -1 until rank 0's init arrives; then the number of (BSP) updates / rounds applied
+        self.base = 0  # the version init started at (aggregate: the only one whose parameters it holds)
         self.params: dict[str, torch.Tensor] = {}
         self.semantics = Semantics()
         self.aggregate = False
@@ -44,60 +48,84 @@ class ShardStore:
     def initialized(self) -> bool:
         return self.version >= 0
 
-    def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None) -> None:
+    def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None,
+             opt_state: list | None = None, version: int = 0) -> None:
         """``optim``: the optimizer's hyper-parameters (``optimizers.OPTIM_FIELDS``); ``semantics``: the
-        init's ``design``, ``consistency`` and ``staleness`` fields (absent: server-optimizer, bsp)."""
+        init's ``design``, ``consistency`` and ``staleness`` fields (absent: server-optimizer, bsp);
+        ``opt_state``: ``[(KIND/KEY, tensor)]`` as ``state`` returns it, or nothing (fresh state);
+        ``version``: the step to start at (a resumed run's first step)."""
         if self.initialized:
             raise ProtocolError("shard already initialised (a second init arrived)")
         if not named:
             raise ProtocolError("init carries no tensors")
+        if type(version) is not int or not 0 <= version <= MAX_VERSION:
+            raise ProtocolError(f"init: 'version' must be an int in 0..{MAX_VERSION}, got {version!r:.40}")
         cfg = parse_optim(optim)
         sem = parse_semantics(semantics or {})
         keys = [k for k, _ in named]
         if len(set(keys)) != len(keys):
             raise ProtocolError("init lists a key twice")
-        named = [(k, t.join() if isinstance(t, Pieces) else t) for k, t in named]
         for key, t in named:  # check everything first: a rejected init must leave no trace
-            if not t.is_floating_point():
-                raise ProtocolError(f"init: parameter {key!r} has non-float dtype {t.dtype}")
-        self.cfg, self.semantics = cfg, sem
-        self.aggregate = sem.design == "aggregate"
+            if not t.dtype.is_floating_point:
+                raise ProtocolError(f"init: parameter {key!r:.80} has non-float dtype {t.dtype}")
+        aggregate = sem.design == "aggregate"
+        loaded = check_opt_state(state_kinds(None if aggregate else cfg), dict(named), opt_state or [])
+        self.cfg, self.semantics, self.aggregate = cfg, sem, aggregate
         for key, t in named:
-            p = t.clone()
+            p = t.join() if isinstance(t, Pieces) else t.clone()
             p.grad = torch.zeros_like(p)
             self.params[key] = p
         self.opt = None if self.aggregate else make_server_optimizer(cfg, self.params)
+        if loaded:
+            self.opt.load_state(loaded)
         self.sums = [{k: p.grad for k, p in self.params.items()},
                      {k: torch.zeros_like(p) for k, p in self.params.items()}] if self.aggregate else None
-        self.key_version = dict.fromkeys(self.params, 0)  # BSP updates done per key (pushpull replies wait on it)
+        # BSP updates done per key, counted from step 0 (pushpull replies wait on it)
+        self.key_version = dict.fromkeys(self.params, version)
         self.count = dict.fromkeys(self.params, 0)
         self.pushed: dict[str, set[int]] = {k: set() for k in self.params}
         self.updated: set[str] = set()  # keys already updated in the current step
-        self.clocks = Clocks(self.workers, keys) if sem.asynchronous else None
-        self.version = 0
+        self.clocks = Clocks(self.workers, keys, version) if sem.asynchronous else None
+        self.version = self.base = version
+
+    def state(self) -> dict:
+        """Copies of what a checkpoint needs: ``params`` and ``opt_state`` ([(name, tensor)] as ``init``
+        takes them), ``version`` and ``clocks`` (ASP/SSP; None under BSP). Under BSP only between
+        steps: once a key has this step's update the shard is neither the old version nor the new."""
+        if not self.initialized:
+            raise ProtocolError("state before init")
+        if self.updated:
+            raise ProtocolError(f"state asked mid-step: {len(self.updated)} of {len(self.params)} keys already "
+                                f"hold step {self.version}'s update; ask between steps")
+        return {"version": self.version, "clocks": None if self.clocks is None else list(self.clocks.clock),
+                "params": [(k, p.clone()) for k, p in self.params.items()],
+                "opt_state": [] if self.opt is None else self.opt.state_tensors()}
 
     def check_push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> None:
         """Raise ``ProtocolError`` unless the whole push is acceptable (so a bad push changes nothing)."""
         if not self.initialized:
             raise ProtocolError("push before init")
         if not (type(worker) is int and 0 <= worker < self.workers):
-            raise ProtocolError(f"worker id {worker!r} outside 0..{self.workers - 1}")
+            raise ProtocolError(f"worker id {worker!r:.40} outside 0..{self.workers - 1}")
+        if not named:
+            raise ProtocolError("a push carries no tensors")
         bsp = self.clocks is None
         if bsp and (type(step) is not int or step != self.version):
-            raise ProtocolError(f"push for step {step!r} but this shard is at step {self.version} (BSP)")
+            raise ProtocolError(f"push for step {step!r:.40} but this shard is at step {self.version} (BSP)")
         seen = set()
         for key, g in named:
             p = self.params.get(key)
             if p is None:
-                raise ProtocolError(f"unknown key {key!r} (not in this server's shard)")
+                raise ProtocolError(f"unknown key {key!r:.80} (not in this server's shard)")
             if key in seen or (bsp and (worker in self.pushed[key] or key in self.updated)):
-                raise ProtocolError(f"key {key!r} pushed twice by worker {worker} for step {step}")
+                raise ProtocolError(f"key {key!r:.80} pushed twice by worker {worker} for step {step}")
             if g.dtype != p.dtype or g.shape != p.shape:
-                raise ProtocolError(f"key {key!r}: got {g.dtype} {tuple(g.shape)}, "
+                raise ProtocolError(f"key {key!r:.80}: got {g.dtype} {tuple(g.shape)}, "
                                     f"expected {p.dtype} {tuple(p.shape)}")
             seen.add(key)
         if not bsp:
-            self.clocks.check(worker, step, list(seen))
+            lead = self.semantics.staleness if self.semantics.consistency == "ssp" else None
+            self.clocks.check(worker, step, list(seen), lead)
 
     def push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> bool:
         """Take a worker's gradients; True when this push advanced the version (BSP: completed the step;
@@ -203,6 +231,16 @@ class ShardStore:
         self.clocks.mark_read(worker, [k for k, _ in named])
         return [(k, t.clone()) for k, t in named]
 
+    def pull_limit(self) -> int | None:
+        """The highest version a pull may ask for now (an honest worker never asks for more): BSP one
+        step ahead, SSP k + 1, aggregate the init's; ASP and before init: None (any; the server bounds how
+        many pulls wait)."""
+        if not self.initialized or self.semantics.consistency == "asp":
+            return None
+        if self.aggregate:
+            return self.base
+        return self.version + 1 + (self.semantics.staleness if self.semantics.consistency == "ssp" else 0)
+
     def updated_past(self, keys: list[str], step: int) -> bool:
         """Whether every key in ``keys`` has had step ``step``'s (BSP) update applied."""
         return all(self.key_version[k] > step for k in keys)
@@ -212,7 +250,7 @@ class ShardStore:
             return list(self.params.items())
         missing = [k for k in keys if k not in self.params]
         if missing:
-            raise ProtocolError(f"unknown key {missing[0]!r} (not in this server's shard)")
+            raise ProtocolError(f"unknown key {missing[0]!r:.80} (not in this server's shard)")
         return [(k, self.params[k]) for k in keys]
 
     def take_staleness(self) -> tuple[Counter, Counter]:

@@ -15,6 +15,12 @@ gradients for them arrived and the update ran. So servers aggregate and update w
 runs, and new parameters stream back bucket by bucket while later buckets are still on their way in.
 Frames go to ZeroMQ without copies: the bucket's own memory (on GPU, a pinned host copy made
 asynchronously, then waited for).
+
+Checkpoints: ``state_dict`` (rank 0, between steps) fetches every server's shard, optimizer state and
+version with the ``state`` op; resuming (``resume_from`` before ``attach``) has rank 0 init every server
+with the model's parameters (loaded from the checkpoint), the saved optimizer state of its keys and the
+version of the step to continue at, and every worker pulls that version. Optimizer state is matched by
+parameter name, so the number of servers may differ from the checkpointed run's.
 """
 from __future__ import annotations
 
@@ -65,19 +71,62 @@ class PSSync(Synchronizer):
         self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
             if self.aggregate else None
         self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
+        start, opt_state = self._resume_point()
         if self.rank == 0:
-            init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header()}
-            reqs = [self.client.send(s, init,
-                                     [(n, p.detach().cpu().contiguous()) for n, p in shard])
+            init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header(),
+                    "version": start}
+            reqs = [self.client.send(s, init, [(n, p.detach().cpu().contiguous()) for n, p in shard],
+                                     [(f"{kind}/{n}", t) for n, _ in shard for kind, t in opt_state.get(n, [])])
                     for s, shard in enumerate(self.shards)]
             for s, req in enumerate(reqs):
                 self.client.recv(s, req)
-        reqs = [self.client.send(s, {"op": "pull", "version": 0}) for s in range(len(self.addrs))]
+        reqs = [self.client.send(s, {"op": "pull", "version": start}) for s in range(len(self.addrs))]
         for s, req in enumerate(reqs):
             self._load(s, self.client.recv(s, req)[1], [n for n, _ in self.shards[s]])
-        self.cur = 0
+        self.cur = start
+        if self.optimizer is not None:
+            self._restore_optimizer()
         self._new_step()
         return model
+
+    def _resume_point(self) -> tuple[int, dict[str, list[tuple[str, torch.Tensor]]]]:
+        """(first step, {parameter: [(kind, tensor)]} of saved server optimizer state) from ``self.resume``;
+        (0, {}) for a fresh run."""
+        if self.resume is None:
+            return 0, {}
+        state, step = self.resume
+        servers = state.get("servers") if self.rank == 0 else []  # only rank 0 inits the servers
+        if servers is None and not self.aggregate:
+            raise ValueError("the checkpoint holds no PS server state (state_dict()['servers']): cannot resume "
+                             "the servers' optimizer")
+        by_param: dict[str, list] = {}
+        for srv in servers or []:
+            if self.semantics.consistency == "bsp" and srv["version"] != step:
+                raise ValueError(f"the checkpoint's servers are at step {srv['version']}, not at {step}, "
+                                 f"the step to resume at")
+            for name, t in srv["opt_state"].items():
+                kind, _, param = name.partition("/")
+                by_param.setdefault(param, []).append((kind, t.contiguous()))
+        return step, by_param
+
+    def state_dict(self) -> dict:
+        """Rank 0, between steps: ``{"servers": [per server: {"version", "clocks", "optim", "semantics",
+        "params": {key: tensor}, "opt_state": {"KIND/KEY": tensor}}], "optimizer": ...}`` (the local
+        optimizer's, design aggregate only), CPU tensors and plain values. Other ranks: {}."""
+        if self.rank != 0:
+            return {}
+        if any(self.inflight) or self.deferred:
+            raise RuntimeError("PSSync.state_dict between steps only (this step's gradients are on their way)")
+        reqs = [self.client.send(s, {"op": "state"}) for s in range(len(self.addrs))]
+        servers = []
+        for s, req in enumerate(reqs):
+            header, named = self.client.recv(s, req)
+            own = {k: t.join() if isinstance(t, Pieces) else t.clone() for k, t in named}
+            opt = {k: t.join() if isinstance(t, Pieces) else t.clone() for k, t in header["opt_state"]}
+            servers.append({"version": header["version"], "clocks": header["clocks"], "optim": header["optim"],
+                            "semantics": {k: header[k] for k in ("design", "consistency", "staleness")},
+                            "params": own, "opt_state": opt})
+        return {"servers": servers, **super().state_dict()}
 
     def _new_step(self) -> None:
         self.inflight: list[list[tuple[int, Bucket, list]]] = [[] for _ in self.addrs]  # (req, bucket, trace)
