@@ -38,8 +38,9 @@ def main() -> int:
     out = Path(a.out)
     t0 = time.monotonic()
 
+    ps_bucket = TrainConfig(sync="ps").validate().bucket_mb  # the PS's own default bucket size
     p1 = run_bench(1, [], ["ps"], str(out / "p1"), 5, a.iters, [256 * KB, MB, 4 * MB, 16 * MB], model="resnet18",
-                   servers=[1])
+                   servers=[1], bucket_mb=ps_bucket)
     ps, echo = (p1[p1.strategy == s].iloc[0] for s in ("ps", "raw_zmq_echo"))
     p2 = run_bench(2, [], ["allreduce"], str(out / "p2"), 5, a.iters, model="resnet18")
     ar, raw = (p2[p2.strategy == s].iloc[0] for s in ("allreduce", "raw_allreduce"))
