@@ -91,7 +91,8 @@ def make_config(run: dict, out: Path) -> TrainConfig:
 
 
 def _comparable(cfg: dict) -> dict:
-    return {k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}
+    """A config as it reads back from config.json (tuples become lists), without run-specific paths."""
+    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}))
 
 
 def is_finished(run_dir: Path, cfg: TrainConfig) -> bool:
@@ -117,7 +118,10 @@ def _key(v) -> str:
 def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
     """speedup = samples/s over the N=1 run of the same sweep with the same other settings (``none`` if
     the sweep has it, else the same strategy); efficiency = speedup / N."""
-    cfg_cols = [c for c in df.columns if c in CONFIG_KEYS and c not in ("sync", "workers", "servers", "seed")]
+    # communication settings do not change a run without communication (the none baseline), and some
+    # default per strategy (ps buckets are 4 MB, allreduce's 25): they must not keep rows from their base
+    comm = {"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness", "ps_design", "curve"}
+    cfg_cols = [c for c in df.columns if c in CONFIG_KEYS and c not in {"sync", "workers", "servers", "seed", *comm}]
     df = df.copy()
     df["speedup"] = float("nan")
     ok = df[(df["status"] == "ok") & (df["workers"] == 1)]

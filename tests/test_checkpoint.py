@@ -12,7 +12,7 @@ import torch
 from conftest import processes_mentioning, wait_for
 from psring.train.checkpoint import last_step
 
-STEPS, EVERY = 12, 4  # checkpoints after steps 3 and 7
+STEPS, EVERY = 12, 8  # the killed run checkpoints after steps 7, 15, ...
 
 
 def common(sync: str) -> list[str]:
@@ -27,14 +27,17 @@ def test_killed_run_resumed_from_checkpoint_matches_uninterrupted(psring, tmp_pa
     r = psring.run(*common(sync), "--steps", str(STEPS), "--out", str(full), timeout=240)
     assert r.returncode == 0, r.stderr
 
-    killed = tmp_path / "killed"  # same run, far longer, SIGKILLed right after its step-7 checkpoint
-    p = psring.start(*common(sync), "--steps", "100000", "--checkpoint-every", str(EVERY), "--out", str(killed))
+    # the same run, far longer, SIGKILLed right after its step-7 checkpoint; a straggler (sleeps only,
+    # the numbers are unchanged) keeps it from reaching the next checkpoint before the kill lands
+    killed = tmp_path / "killed"
+    p = psring.start(*common(sync), "--steps", "100000", "--checkpoint-every", str(EVERY), "--straggler", "1:4",
+                     "--out", str(killed))
     wait_for(lambda: (last_step(killed) or -1) >= 7, 240, "the checkpoint after step 7")
     os.kill(p.pid, signal.SIGKILL)
     p.wait(10)
     wait_for(lambda: processes_mentioning(str(killed)) == [], 15, "the run's processes to die")
     step = last_step(killed)
-    assert step is not None and step >= 7 and (step + 1) % EVERY == 0
+    assert step == 7, f"the kill came too late: checkpoint after step {step}"
 
     resumed = tmp_path / "resumed"
     r = psring.run(*common(sync), "--steps", str(STEPS), "--resume", str(killed), "--out", str(resumed),
