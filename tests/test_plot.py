@@ -24,7 +24,7 @@ EXPECTED = {
     "scaling": {"speedup", "breakdown", "timeline_sync-ps_workers-4_servers-4",
                 "timeline_sync-allreduce_workers-4_servers-1"},
     "message_size": {"message_size"},
-    "speed": {"breakdown", "message_size_p1", "message_size_p2", "timeline_p3-ps", "timeline_p3-allreduce"},
+    "speed": {"breakdown", "message_size_p1", "message_size_p2", "timeline_p3-ps0", "timeline_p3-allreduce0"},
 }
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
 

@@ -102,12 +102,15 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
 
 
 def check_alive(children: list[Child]) -> None:
-    for c in children:
-        rc = c.returncode
-        if rc is not None and rc != 0:
-            detail = last_line(c.log)
-            raise LaunchError(f"{c.name} (pid {c.proc.pid}) failed: {describe_exit(rc)}"
-                              + (f": {detail}" if detail else "") + f" (log: {c.log})")
+    """Raise for a failed child. When several have failed by the time we look, name one killed by a
+    signal first: its peers then fail with errors of their own (e.g. gloo's "connection reset"), which
+    are the consequence, not the cause."""
+    failed = [c for c in children if c.returncode not in (None, 0)]
+    if failed:
+        c = min(failed, key=lambda c: c.returncode >= 0)  # negative returncode: killed by a signal
+        detail = last_line(c.log)
+        raise LaunchError(f"{c.name} (pid {c.proc.pid}) failed: {describe_exit(c.returncode)}"
+                          + (f": {detail}" if detail else "") + f" (log: {c.log})")
 
 
 def watch(workers: list[Child], servers: list[Child], poll_s: float = 0.1, progress: Path | None = None,
