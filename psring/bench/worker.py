@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -173,7 +174,24 @@ def run(spec: dict) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
-    raise SystemExit(run(json.loads(Path(ap.parse_args().spec).read_text())))
+    rc = 1
+    try:
+        rc = run(json.loads(Path(ap.parse_args().spec).read_text()))
+    except BaseException:  # noqa: BLE001 - reported here, then the same exit as below
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        # As psring worker does: leave without C++ static destructors, since torch.distributed's
+        # background threads occasionally abort a finished process at interpreter teardown
+        # ("terminate called without an active exception", SIGABRT). Everything is written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+
+
+if __name__ == "__main__":
+    main()
