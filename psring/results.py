@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .metrics.steps import read_steps
+from .metrics.jsonl import read_jsonl
 from .metrics.summary import load_server_records
 
 
@@ -29,7 +29,7 @@ def load_runs(sweep_dir: str | Path) -> pd.DataFrame:
 
 def load_steps(run_dir: str | Path) -> pd.DataFrame:
     """A run's ``steps.jsonl``: one row per worker per step (see README, "Measures")."""
-    return pd.DataFrame(read_steps(Path(run_dir) / "steps.jsonl"))
+    return pd.DataFrame(read_jsonl(Path(run_dir) / "steps.jsonl"))
 
 
 def load_servers(run_dir: str | Path) -> pd.DataFrame:

@@ -73,14 +73,3 @@ class PhaseClock:
         if self.cuda:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
-
-
-def read_steps(path: Path) -> list[dict]:
-    """Records of a ``steps.jsonl`` (or a per-rank file); a torn last line of a crashed run is skipped."""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out

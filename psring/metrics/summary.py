@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .steps import read_steps
+from .jsonl import read_jsonl
 
 PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
 SYNC_PARTS = ["push_s", "wait_s", "pull_s", "allreduce_wait_s"]
@@ -94,7 +94,7 @@ def staleness_summary(servers: pd.DataFrame) -> dict:
 def load_server_records(out: Path) -> pd.DataFrame:
     frames = []
     for f in sorted((Path(out) / "servers").glob("server*.jsonl")):
-        recs = read_steps(f)
+        recs = read_jsonl(f)
         if recs:
             frames.append(pd.DataFrame(recs).assign(server=int(f.stem.removeprefix("server"))))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -105,7 +105,7 @@ def finalize_run(out: Path, config: dict) -> dict:
     out = Path(out)
     records = []
     for f in sorted((out / "ranks").glob("rank*.jsonl")):
-        records += read_steps(f)
+        records += read_jsonl(f)
     records.sort(key=lambda r: (r["step"], r["rank"]))
     with open(out / "steps.jsonl", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in records)

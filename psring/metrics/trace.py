@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .steps import read_steps
+from .jsonl import read_jsonl
 from .summary import SYNC_PARTS
 
 WORKER_PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
@@ -73,7 +73,7 @@ def server_events(servers: pd.DataFrame, first_pid: int) -> list[dict]:
 
 def write_trace(out: Path) -> Path:
     out = Path(out)
-    steps = pd.DataFrame(read_steps(out / "steps.jsonl"))
+    steps = pd.DataFrame(read_jsonl(out / "steps.jsonl"))
     events = worker_events(steps) if not steps.empty else []
     from .summary import load_server_records
 

@@ -71,18 +71,6 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Records of a JSON-lines file; a torn last line (a crashed run) is skipped. (As
-    ``psring.metrics.steps.read_steps``, without importing torch.)"""
-    out = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def is_num(x) -> bool:
     try:
         return x is not None and not math.isnan(float(x))

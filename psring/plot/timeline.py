@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import PHASE_COLORS, is_num, new_figure, read_jsonl
+from ..metrics.jsonl import read_jsonl
+from .common import PHASE_COLORS, is_num, new_figure
 
 WORKER_PHASES = ["data", "forward", "backward", "sync", "update"]
 PS_PARTS = ["push", "wait", "pull"]
