@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 from .breakdown import figure_breakdown
-from .convergence import accuracy_runs, figure_convergence
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
+from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info
