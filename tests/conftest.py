@@ -2,10 +2,12 @@
 make sure no process of a test's run survives the test, whatever happened in it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -88,3 +90,20 @@ def wait_for(cond, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def serving(srv):
+    """Run a ``ParameterServer``'s ``serve()`` in a thread (``srv.thread``; its exit code lands in
+    ``srv.result["rc"]``). However the test ends, make the loop return (idle timeout forced: it returns
+    after its next 0.5 s poll), join it and close the server."""
+    srv.result = {}
+    srv.thread = threading.Thread(target=lambda: srv.result.setdefault("rc", srv.serve()), daemon=True)
+    srv.thread.start()
+    try:
+        yield srv
+    finally:
+        srv.idle_timeout_s = -1
+        srv.thread.join(10)
+        srv.close()
+        assert not srv.thread.is_alive(), "server thread did not end"

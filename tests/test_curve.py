@@ -3,11 +3,11 @@ normally with one that has it (loopback; the keys come from `psring keys`)."""
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 import torch
 import zmq
+from conftest import serving
 
 from psring.auth import AUTHORIZED, make_keys, secure_client
 from psring.sync.ps.client import PSClient, PSError
@@ -27,17 +27,8 @@ def keys(tmp_path):
 
 @pytest.fixture
 def curve_server(keys):
-    srv = ParameterServer(workers=1, port=0, curve=str(keys))
-    result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("rc", srv.serve()), daemon=True)
-    thread.start()
-    try:
+    with serving(ParameterServer(workers=1, port=0, curve=str(keys))) as srv:
         yield srv
-    finally:
-        srv.idle_timeout_s = -1  # serve() returns after its next 0.5 s poll
-        thread.join(10)
-        srv.close()
-        assert not thread.is_alive()
 
 
 def test_unlisted_key_gets_nothing_listed_key_trains(curve_server, keys):

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import functools
-import threading
 
 import msgpack
 import pytest
 import torch
 import zmq
+from conftest import serving
 
 from psring.sync.ps import protocol as P
 from psring.sync.ps.client import PSClient, PSError
@@ -188,15 +188,9 @@ def test_store_rejected_init_changes_nothing():
 # --- live server -----------------------------------------------------------------------------------
 @pytest.fixture
 def server():
-    srv = ParameterServer(workers=2, port=0)
-    result = {}
-    srv.thread = thread = threading.Thread(target=lambda: result.setdefault("rc", srv.serve()), daemon=True)
-    srv.result = result
-    thread.start()
-    try:
+    with serving(ParameterServer(workers=2, port=0)) as srv:
         yield srv
-    finally:
-        if thread.is_alive():  # the normal way out: both workers say done
+        if srv.thread.is_alive():  # the normal way out: both workers say done
             closer = PSClient([srv.address], worker=0, timeout_s=5)
             try:
                 for w in (0, 1):
@@ -205,12 +199,7 @@ def server():
                 pass
             finally:
                 closer.close()
-        thread.join(5)
-        if thread.is_alive():  # fallback: the loop exits after 0.5 s without requests
-            srv.idle_timeout_s = -1
-            thread.join(5)
-        srv.close()
-        assert not thread.is_alive(), "server thread did not end"
+            srv.thread.join(5)
 
 
 @pytest.fixture

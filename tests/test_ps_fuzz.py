@@ -23,11 +23,9 @@ exactly the hand-computed parameters, and ``done`` from both workers ends ``serv
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
@@ -35,6 +33,7 @@ import msgpack
 import pytest
 import torch
 import zmq
+from conftest import serving
 
 from psring.sync.ps import protocol as P
 from psring.sync.ps.client import PSClient, PSError
@@ -255,19 +254,9 @@ def must_be_refused(msg: list, scratch: ShardStore) -> bool:
 # --- the live server --------------------------------------------------------------------------------
 @pytest.fixture
 def fuzz_server(tmp_path):
-    srv = ParameterServer(workers=2, port=0, frame_bytes=FRAME, max_message_bytes=MAX_MSG,
-                          metrics_path=str(tmp_path / "server.jsonl"))
-    result = {}
-    srv.thread = threading.Thread(target=lambda: result.setdefault("rc", srv.serve()), daemon=True)
-    srv.result = result
-    srv.thread.start()
-    try:
+    with serving(ParameterServer(workers=2, port=0, frame_bytes=FRAME, max_message_bytes=MAX_MSG,
+                                 metrics_path=str(tmp_path / "server.jsonl"))) as srv:
         yield srv
-    finally:
-        srv.idle_timeout_s = -1  # if the test failed before "done": serve() returns after its next poll
-        srv.thread.join(10)
-        srv.close()
-        assert not srv.thread.is_alive(), "server thread did not end"
 
 
 def send_batches(addr: str, batches: list[list[list[bytes]]], seed: int) -> tuple[int, int]:
@@ -391,26 +380,11 @@ def test_handle_answers_anything_without_raising(header, frames):
         srv.close()
 
 
-@contextlib.contextmanager
-def serving(**kw):
-    """A ParameterServer (N = 2) serving in a thread, ended and closed however the test ends."""
-    srv = ParameterServer(workers=2, port=0, **kw)
-    thread = threading.Thread(target=srv.serve, daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.idle_timeout_s = -1
-        thread.join(10)
-        srv.close()
-        assert not thread.is_alive(), "server thread did not end"
-
-
 def test_oversized_messages_are_refused_or_dropped_by_zeromq():
     """Frames adding up to more than max_message_bytes: an error reply, counted, nothing decoded. A single
     frame over it: ZeroMQ (MAXMSGSIZE) drops the sender's connection before the server sees anything, so
     the sender times out; the server serves on."""
-    with serving(max_message_bytes=4096) as srv:
+    with serving(ParameterServer(workers=2, port=0, max_message_bytes=4096)) as srv:
         c = PSClient([srv.address], 0, timeout_s=1.0)
         try:
             with pytest.raises(PSError, match="max_message_bytes"):
@@ -431,7 +405,7 @@ def test_oversized_messages_are_refused_or_dropped_by_zeromq():
 def test_pulls_too_far_ahead_or_too_many_are_refused():
     """Before init pulls are parked, at most max_parked; at init those beyond what BSP allows (one step
     ahead) are refused; afterwards a pull more than one step ahead is refused at once."""
-    with serving() as srv:
+    with serving(ParameterServer(workers=2, port=0)) as srv:
         c = PSClient([srv.address], 0, timeout_s=10)
         try:
             parked = [c.send(0, {"op": "pull", "version": 5}) for _ in range(srv.max_parked)]

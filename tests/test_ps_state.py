@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import io
-import threading
 
 import pytest
 import torch
+from conftest import serving
 from torch import nn
 
 from psring.config import OptimConfig
@@ -163,20 +163,9 @@ def test_bad_version_is_refused(version):
 
 
 # --- over ZeroMQ ------------------------------------------------------------------------------------
-@contextlib.contextmanager
 def live_server(workers=2, **kw):
-    """A ParameterServer serving in a thread; ended (idle timeout forced) and closed however the test ends."""
-    srv = ParameterServer(workers=workers, port=0, **kw)
-    result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("rc", srv.serve()), daemon=True)
-    thread.start()
-    try:
-        yield srv
-    finally:
-        srv.idle_timeout_s = -1  # serve() returns after its next 0.5 s poll
-        thread.join(10)
-        srv.close()
-        assert not thread.is_alive(), "server thread did not end"
+    """A ParameterServer serving in a thread; ended and closed however the test ends (conftest.serving)."""
+    return serving(ParameterServer(workers=workers, port=0, **kw))
 
 
 @contextlib.contextmanager
