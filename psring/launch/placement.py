@@ -7,9 +7,9 @@ Host numbering in an emulated run: workers 0..N-1 are hosts 0..N-1, PS servers 0
 """
 from __future__ import annotations
 
-from ..config import ConfigError, TrainConfig
+from ..config import TrainConfig
 from ..metrics.wire import ENV as WIRE_ENV
-from ..net import EmulatedNetwork, NetError, check_available
+from ..net import EmulatedNetwork, check_available
 
 LOOPBACK = "127.0.0.1"
 
@@ -21,11 +21,8 @@ class Placement:
             return
         servers = cfg.servers if cfg.sync == "ps" else 0
         overrides = {cfg.workers + i: cfg.server_link_rate for i in range(servers)} if cfg.server_link_rate else None
-        try:
-            check_available()
-            self.net = EmulatedNetwork(cfg.workers + servers, cfg.link_rate, overrides, cfg.link_delay).open()
-        except NetError as e:
-            raise ConfigError(str(e).removeprefix("psring: ")) from None
+        check_available()  # NetError (a ConfigError): one line, exit 2
+        self.net = EmulatedNetwork(cfg.workers + servers, cfg.link_rate, overrides, cfg.link_delay).open()
 
     def _host(self, i: int) -> tuple[list[str], str]:
         if self.net is None:

@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from ..config import ConfigError
 from .reaper import CMD_TIMEOUT_S, PREFIX, delete_namespaces, list_namespaces, stale_namespaces
 
 SUBNET = "10.213.0"  # private (RFC 1918); only ever configured inside this run's namespaces
@@ -51,8 +52,9 @@ _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10
 _DELAY_RE = re.compile(r"^\d+(?:\.\d+)?(?:us|ms|s)$")
 
 
-class NetError(Exception):
-    """A problem the user can fix; the message is one line, printed as is by the CLI."""
+class NetError(ConfigError):
+    """A problem the user can fix (no root, no iproute2, a bad rate); one line, which the CLI prints
+    like any configuration error (``psring: error: ...``, exit 2)."""
 
 
 def _tool(name: str) -> str | None:
@@ -64,10 +66,10 @@ def _run(cmd: list[str], what: str) -> None:
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise NetError(f"psring: emulated network: cannot {what} ({e})") from None
+        raise NetError(f"emulated network: cannot {what} ({e})") from None
     if r.returncode != 0:
         detail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
-        raise NetError(f"psring: emulated network: cannot {what}: {' '.join(cmd[1:])}: {detail}")
+        raise NetError(f"emulated network: cannot {what}: {' '.join(cmd[1:])}: {detail}")
 
 
 def parse_rate(text: str) -> int:
@@ -75,16 +77,16 @@ def parse_rate(text: str) -> int:
     m = _RATE_RE.match(text)
     bps = int(float(m.group(1)) * _RATE_UNITS[m.group(2).lower()]) if m else 0
     if bps < 1000:  # below 1 kbit a 1 MB burst makes shaping meaningless; 0 or junk is a typo
-        raise NetError(f"psring: bad link rate {text!r}: use a number and a unit, e.g. 500kbit, 100mbit, "
+        raise NetError(f"bad link rate {text!r}: use a number and a unit, e.g. 500kbit, 100mbit, "
                        f"1gbit, 1.5gbit (kbit, mbit, gbit; at least 1kbit)")
     return bps
 
 
 def _check_basics() -> None:
     if os.geteuid() != 0:
-        raise NetError("psring: --net emulated needs root (run as root or use --net loopback)")
+        raise NetError("--net emulated needs root (run as root or use --net loopback)")
     if not (_tool("ip") and _tool("tc")):
-        raise NetError("psring: --net emulated needs iproute2's `ip` and `tc` (apt install iproute2)")
+        raise NetError("--net emulated needs iproute2's `ip` and `tc` (apt install iproute2)")
 
 
 def check_available() -> None:
@@ -127,15 +129,15 @@ class EmulatedNetwork:
     def __init__(self, n_hosts: int, link_rate: str, rate_overrides: dict[int, str] | None = None,
                  delay: str | None = None):
         if not 1 <= n_hosts <= MAX_HOSTS:
-            raise NetError(f"psring: emulated network: {n_hosts} hosts requested, 1 to {MAX_HOSTS} supported")
+            raise NetError(f"emulated network: {n_hosts} hosts requested, 1 to {MAX_HOSTS} supported")
         rates = {i: parse_rate(link_rate) for i in range(n_hosts)}
         for i, r in (rate_overrides or {}).items():
             if i not in rates:
-                raise NetError(f"psring: emulated network: rate override for host {i}, "
+                raise NetError(f"emulated network: rate override for host {i}, "
                                f"but hosts are 0..{n_hosts - 1}")
             rates[i] = parse_rate(r)
         if delay is not None and not _DELAY_RE.match(delay):
-            raise NetError(f"psring: bad link delay {delay!r}: use a number and a unit, e.g. 200us, 5ms, "
+            raise NetError(f"bad link delay {delay!r}: use a number and a unit, e.g. 200us, 5ms, "
                            f"0.1s")
         self.delay = delay
         self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}-"  # unique per run: runs can coexist
@@ -251,7 +253,7 @@ class EmulatedNetwork:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=CMD_TIMEOUT_S, check=False)
         if r.returncode != 0:
             if "unknown" in r.stderr.lower() or "no such file" in r.stderr.lower():
-                raise NetError("psring: link delay needs the sch_netem kernel module, which this kernel "
+                raise NetError("link delay needs the sch_netem kernel module, which this kernel "
                                "lacks (drop the delay option)")
             _run(cmd, "add link delay")  # raises with tc's own message
 
@@ -265,9 +267,9 @@ def cleanup(all_runs: bool = False) -> list[str]:
     """
     ip = _tool("ip")
     if ip is None:
-        raise NetError("psring: net cleanup needs iproute2's `ip` (apt install iproute2)")
+        raise NetError("net cleanup needs iproute2's `ip` (apt install iproute2)")
     if os.geteuid() != 0:
-        raise NetError("psring: net cleanup needs root (run as root)")
+        raise NetError("net cleanup needs root (run as root)")
     stale = stale_namespaces(ip, all_runs)
     delete_namespaces(ip, stale)
     return [n for n in stale if n not in set(list_namespaces(ip))]
