@@ -109,13 +109,9 @@ def cmd_worker(a) -> int:
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")
-    rc = main_worker(cfg)
-    # Leave without C++ static destructors: at interpreter teardown torch.distributed's background threads
-    # occasionally abort a finished worker ("terminate called without an active exception", SIGABRT).
-    # Every output is closed and flushed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    from .sync.process_group import exit_without_teardown
+
+    exit_without_teardown(main_worker(cfg))
 
 
 def cmd_server(a) -> int:

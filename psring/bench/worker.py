@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -24,7 +23,7 @@ from ..config import OptimConfig
 from ..launch.children import Children
 from ..launch.launcher import start_listeners
 from ..sync.allreduce import AllReduceSync
-from ..sync.process_group import init_process_group
+from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
 from ..train.models import build_model
 
@@ -185,12 +184,7 @@ def main() -> None:
 
         traceback.print_exc()
     finally:
-        # As psring worker does: leave without C++ static destructors, since torch.distributed's
-        # background threads occasionally abort a finished process at interpreter teardown
-        # ("terminate called without an active exception", SIGABRT). Everything is written by now.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(rc)
+        exit_without_teardown(rc)
 
 
 if __name__ == "__main__":

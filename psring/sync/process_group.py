@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -70,3 +72,13 @@ def destroy_process_group(barrier: bool = False) -> None:
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
+
+
+def exit_without_teardown(rc: int) -> NoReturn:
+    """End a process that used torch.distributed: flush, then leave without C++ static destructors.
+    At interpreter teardown torch.distributed's background threads occasionally abort a finished
+    process ("terminate called without an active exception", SIGABRT). Callers have written and
+    closed every output by now."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
