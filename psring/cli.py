@@ -53,8 +53,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="seconds any network wait may take before the run fails (default %(default)s)")
     p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
     p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25; ps 4)")
-    p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first bucket, MB (default 1)")
+    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25; ps: largest chunk, 4)")
+    p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first all-reduce bucket, MB (default 1)")
     p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame of a push, KB (0 = one per tensor)")
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="communicate only after backward (default: each bucket as soon as it is ready)")

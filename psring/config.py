@@ -172,13 +172,13 @@ class TrainConfig:
         return self
 
     def _check_shardable(self) -> None:
-        """Every server must own at least one parameter tensor (servers hold whole tensors)."""
+        """Every server must own at least one parameter element (servers hold equal chunks of them)."""
         from .train.models import build_model
 
-        n = sum(1 for p in build_model(self.model, 0).parameters() if p.requires_grad)
+        n = sum(p.numel() for p in build_model(self.model, 0).parameters() if p.requires_grad)
         if self.servers > n:
-            raise ConfigError(f"{self.servers} servers for {n} parameters: some servers would own nothing; "
-                              f"use --servers {n} or fewer")
+            raise ConfigError(f"{self.servers} servers for {n} parameter elements: some servers would own "
+                              f"nothing; use --servers {n} or fewer")
 
     def _validate_choices(self) -> None:
         for flag, value, allowed in (("--partition", self.partition, PARTITIONS),

@@ -26,9 +26,9 @@ def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
 
 
 def test_more_servers_than_parameters_fails_naming_the_problem(psring, tmp_path):
-    r = psring.run("train", "--sync", "ps", "--servers", "9", "--steps", "2", "--out", str(tmp_path / "r"))
-    assert r.returncode == 2  # refused before anything starts
-    assert "9 servers for 8 parameters" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = psring.run("train", "--sync", "ps", "--servers", "600000", "--steps", "2", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2  # refused before anything starts (the cnn has 545,098 parameter elements)
+    assert "600000 servers for 545098 parameter elements" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_train_writes_its_outputs(psring, tmp_path):

@@ -168,13 +168,11 @@ def test_ps_servers_receive_n_times_their_shard_and_send_as_much(run_dir):
     for step, row in per_step.iterrows():
         assert lo <= row["bytes_recv"] <= hi, \
             f"step {step}: servers received {row['bytes_recv']}, want [{lo}, {hi}]"
-    from psring.sync.ps.sharding import assign_shards
-    from psring.train.models import build_model
+    from psring.sync.ps.sharding import plan_chunks
 
-    sizes = [p.numel() * 4 for p in build_model("cnn", 0).parameters()]
-    owner = assign_shards(sizes, s)
+    chunks = plan_chunks([[M // 4]], [4], s, 4 << 20)  # the PS's default 4 MB cap (S > 1: equal chunks)
     for i in range(s):
-        shard = sum(b for b, o in zip(sizes, owner) if o == i)
+        shard = sum(4 * (c[2] - c[1]) for c in chunks if c[3] == i)
         mine = later[later["server"] == i].sort_values("step")
         # received: the N workers' gradients for its shard, every step
         got = mine["bytes_recv"]
@@ -283,14 +281,14 @@ def test_trace_is_a_chrome_trace_of_workers_and_servers(run_dir):
             for e in got:  # nested in its step's slice (1 us of float rounding allowed)
                 parent = step_slices[f"step {e['args']['step']}"][0]
                 assert nested(e, parent), (e, parent)
-        # the second row: per step, each server's bucket pushes and, for each, its reply with the updated
+        # the second row: per step, each server's chunk pushes and, for each, its reply with the updated
         # parameters, inside that step's slice (with overlap, pushes leave during backward)
         msgs = [e for e in mine if e["tid"] == 1]
         for t in range(STEPS):
             names = [e["name"] for e in msgs if e["args"]["step"] == t]
             for i in range(s):
-                pushed = [n.split()[2] for n in names if n.startswith("push bucket ") and f" to server {i} " in n]
-                replied = [n.split()[3] for n in names if n.startswith("params of bucket ") and n.endswith(f" {i}")]
+                pushed = [n.split()[2] for n in names if n.startswith("push chunk ") and f" to server {i} " in n]
+                replied = [n.split()[3] for n in names if n.startswith("params of chunk ") and n.endswith(f" {i}")]
                 assert pushed and sorted(pushed) == sorted(replied), (t, names)
         for e in msgs:
             parent = step_slices[f"step {e['args']['step']}"][0]

@@ -12,7 +12,7 @@ from conftest import serving
 from psring.sync.ps import protocol as P
 from psring.sync.ps.client import PSClient, PSError
 from psring.sync.ps.server import ParameterServer
-from psring.sync.ps.sharding import assign_shards
+from psring.sync.ps.sharding import plan_chunks
 from psring.sync.ps.store import ShardStore
 from psring.train.models import build_model
 
@@ -23,41 +23,50 @@ TIMEOUT_MS = 10_000
 
 # --- sharding --------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
-def model_sizes(name: str) -> tuple[int, ...]:
-    params = build_model(name, 0).parameters()
-    return tuple(p.numel() * p.element_size() for p in params if p.requires_grad)
+def model_numels(name: str) -> tuple[int, ...]:
+    return tuple(p.numel() for p in build_model(name, 0).parameters() if p.requires_grad)[::-1]
 
 
 @pytest.mark.parametrize("name", ["cnn", "resnet18"])
-@pytest.mark.parametrize("servers", [1, 2, 3, 4])
-def test_shards_partition_real_models_and_are_balanced(name, servers):
-    """Every parameter has exactly one owner in range, every server owns something, the loads sum to the
-    model's bytes, and max load - min load <= the largest parameter."""
-    sizes = list(model_sizes(name))
-    owner = assign_shards(sizes, servers)
-    assert len(owner) == len(sizes)
-    assert all(isinstance(s, int) and 0 <= s < servers for s in owner)
-    shards = [[i for i, s in enumerate(owner) if s == k] for k in range(servers)]
-    assert sorted(i for shard in shards for i in shard) == list(range(len(sizes)))  # a partition
-    assert all(shards), "a server owns no parameter"
-    loads = [sum(sizes[i] for i in shard) for shard in shards]
-    assert sum(loads) == sum(sizes)
-    assert max(loads) - min(loads) <= max(sizes)
-    assert assign_shards(list(sizes), servers) == owner  # deterministic
+@pytest.mark.parametrize("servers", [1, 2, 3, 4, 8])
+def test_chunks_cover_the_model_once_and_every_server_owns_the_same_bytes(name, servers):
+    """The chunks tile the flat parameter vector exactly once, in order, each at most the cap (or one
+    parameter); with S > 1 every server owns its share to an element or so, whatever the tensor sizes
+    (ResNet-18 at S=8 has three 9.4 MB tensors, which whole-tensor sharding left at 1.7x the share);
+    with S = 1 the cuts fall on parameter boundaries; deterministic."""
+    sizes, cap = list(model_numels(name)), 4 << 20
+    numel = sum(sizes)
+    chunks = plan_chunks([sizes], [4], servers, cap)
+    assert [c[1] for c in chunks] == [0] + [c[2] for c in chunks[:-1]] and chunks[-1][2] == numel
+    assert all(c[0] == 0 and c[2] > c[1] for c in chunks)
+    assert [c[3] for c in chunks] == [i % servers for i in range(len(chunks))]
+    if servers == 1:
+        bounds = {sum(sizes[:i]) for i in range(len(sizes) + 1)}
+        assert all(c[1] in bounds and c[2] in bounds for c in chunks)
+        assert all((c[2] - c[1]) * 4 <= max(cap, 4 * max(sizes)) for c in chunks)
+    else:
+        assert all((c[2] - c[1]) * 4 <= cap for c in chunks) and len(chunks) % servers == 0
+        loads = [sum(c[2] - c[1] for c in chunks if c[3] == s) for s in range(servers)]
+        assert sum(loads) == numel and max(loads) - min(loads) <= len(chunks) // servers
+    assert plan_chunks([sizes], [4], servers, cap) == chunks
 
 
-def test_shards_follow_greedy_rule_with_low_index_ties():
-    """Largest first, to the least-loaded server, ties to the lower index (worked by hand)."""
-    assert assign_shards([5, 4, 3, 3, 1], 2) == [0, 1, 1, 0, 1]
-    assert assign_shards([4, 4, 4, 4], 2) == [0, 1, 0, 1]
-    assert assign_shards([7], 1) == [0]
+def test_chunks_are_as_few_as_the_cap_allows_and_spaces_continue_the_round_robin():
+    """10 elements of 4 bytes, cap 8 bytes, 2 servers: 5 chunks would do, so 6 (a multiple of S) of 1-2
+    elements; a second space (another dtype) continues the round-robin where the first stopped. One
+    server: whole parameters up to the cap, a larger one alone."""
+    assert plan_chunks([[10]], [4], 2, 8) == [(0, 0, 1, 0), (0, 1, 3, 1), (0, 3, 5, 0), (0, 5, 6, 1),
+                                              (0, 6, 8, 0), (0, 8, 10, 1)]
+    assert plan_chunks([[1, 2], [4]], [4, 2], 2, 1 << 20) == [(0, 0, 1, 0), (0, 1, 3, 1), (1, 0, 2, 0),
+                                                              (1, 2, 4, 1)]
+    assert plan_chunks([[3, 2, 9, 1, 1]], [4], 1, 20) == [(0, 0, 5, 0), (0, 5, 14, 0), (0, 14, 16, 0)]
 
 
-@pytest.mark.parametrize("sizes,servers", [([4, 4], 3), ([], 1), ([4], 0)])
-def test_shards_reject_impossible_server_counts(sizes, servers):
-    """More servers than parameters, or fewer than one server, is a ValueError."""
+@pytest.mark.parametrize("spaces,servers", [([[1]], 2), ([], 1), ([[4]], 0)])
+def test_chunks_reject_impossible_server_counts(spaces, servers):
+    """More servers than parameter elements, or fewer than one server, is a ValueError."""
     with pytest.raises(ValueError):
-        assign_shards(sizes, servers)
+        plan_chunks(spaces, [4] * len(spaces), servers, 1 << 20)
 
 
 # --- protocol --------------------------------------------------------------------------------------

@@ -251,7 +251,7 @@ def test_pssync_state_dict_and_resume_continue_exactly(optim, design):
     cfg = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", (0.9, 0.999)))})
 
     def make(addrs):
-        return PSSync(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=0.0001, first_bucket_mb=0.0001,
+        return PSSync(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=0.0001,
                       design=design)
 
     with live_server(1) as s0, live_server(1) as s1:

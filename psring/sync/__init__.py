@@ -24,7 +24,7 @@ def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
     if cfg.sync == "ps":
         from .ps.synchronizer import PSSync
         return PSSync(rank, world, local_device(local), cfg.ps_addrs, cfg.optim, cfg.timeout_s,
-                      cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.frame_kb,
+                      cfg.bucket_mb, cfg.overlap, cfg.frame_kb,
                       design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                       curve=cfg.curve)
     if cfg.sync == "none":

@@ -1,9 +1,10 @@
 """``allreduce``: average the gradients with torch.distributed's all-reduce (a ring in gloo and NCCL),
 then every worker runs the same local SGD step, so parameters stay identical without ever being sent.
 
-Gradients live in flat bucket buffers (``buckets.GradBuckets``: ``.grad`` are views into them, 25 MB
-buckets by default, a 1 MB first one). Each bucket's all-reduce starts asynchronously from inside
-backward the moment its last gradient is accumulated, so communication overlaps the rest of backward;
+Gradients live in one flat buffer cut into buckets of whole parameters (``buckets.GradBuckets``:
+``.grad`` are views into it; 25 MB buckets by default, a 1 MB first one). Each bucket's all-reduce
+starts asynchronously from inside backward the moment its last gradient is accumulated, so
+communication overlaps the rest of backward;
 ``step`` only waits for what is still in flight and runs the optimizer, whose fused kernel divides the
 summed gradients by N as it reads them (no pass of its own). No per-parameter collectives: their
 per-call latency dominates for small tensors.
@@ -17,7 +18,7 @@ from torch import nn
 
 from ..config import OptimConfig
 from .base import Synchronizer, SyncStats, grad_bytes, make_local_optimizer, timed_update
-from .buckets import Bucket, GradBuckets
+from .buckets import Bucket, GradBuckets, flat_layout, param_ranges
 from .process_group import ProcessGroupInfo
 
 
@@ -38,7 +39,8 @@ class AllReduceSync(Synchronizer):
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
 
     def attach(self, model: nn.Module) -> nn.Module:
-        self.buckets = GradBuckets(model.named_parameters(), self.cap, self.first_cap, self._on_ready, self.device)
+        layout = flat_layout(model.named_parameters())
+        self.buckets = GradBuckets(layout, param_ranges(layout, self.cap, self.first_cap), self._on_ready, self.device)
         self.inflight: list[tuple[Bucket, object]] = []
         self.deferred: list[Bucket] = []
         self.wire_bytes = ring_bytes_per_worker(grad_bytes(model), self.world)

@@ -1,16 +1,24 @@
-"""Gradient buckets: flat buffers that parameters' ``.grad`` are views into, handed to a communication
-callback in a fixed order as soon as all their gradients are accumulated during backward.
+"""Gradient buckets: ranges of one flat gradient buffer that parameters' ``.grad`` are views into, handed
+to a communication callback in a fixed order as soon as every gradient they cover is accumulated.
 
-As in DDP (Li et al., VLDB 2020): parameters are bucketed in reverse registration order (roughly the
-order backward produces their gradients), the first bucket is small so communication starts early, and
-buckets are launched strictly in index order so every rank issues the same collectives in the same
-order (out-of-order launches would mismatch collectives across ranks and hang). With ``groups`` (the
-PS: one group per server) the order is kept within each group only: a server's messages from one
-worker arrive in order on their own socket, and no server's buckets wait for another's.
+Layout (``flat_layout``): parameters in reverse registration order (roughly the order backward produces
+their gradients), one flat buffer per dtype. A bucket is a contiguous range ``[start, end)`` of one such
+buffer, so it is sent or reduced as it lies, without a copy at launch time. Two ways to cut the ranges:
+
+* ``param_ranges`` (all-reduce, as in DDP; Li et al., VLDB 2020): whole parameters, capped by bytes, the
+  first bucket small so communication starts early.
+* any explicit ranges, e.g. the PS's equal chunks (``ps.sharding``), which may split a parameter: a
+  range is ready when every parameter overlapping it is.
+
+Buckets are launched strictly in index order within their group (all-reduce: one group, so every rank
+issues the same collectives in the same order; out-of-order launches would mismatch them and hang. PS:
+one group per server, so a server's messages from one worker arrive in order on their own socket and no
+server's buckets wait for another's).
 
 Example::
 
-    buckets = GradBuckets(model.named_parameters(), cap_bytes=25 << 20, first_cap_bytes=1 << 20,
+    layout = flat_layout(model.named_parameters())
+    buckets = GradBuckets(layout, param_ranges(layout, 25 << 20, 1 << 20),
                           on_ready=lambda b: handles.append(dist.all_reduce(b.flat, async_op=True)))
     loss.backward()        # buckets are launched from inside backward
     buckets.flush()        # launch what backward did not complete (parameters without a gradient)
@@ -26,87 +34,123 @@ from torch import nn
 
 
 @dataclass
+class Space:
+    """One dtype's flat buffer: ``members`` are (name, parameter, element offset), in layout order."""
+    dtype: torch.dtype
+    members: list[tuple[str, nn.Parameter, int]]
+    numel: int
+    flat: torch.Tensor | None = None
+
+
+@dataclass
+class Member:
+    """The part of one parameter a bucket covers: its elements ``[lo, hi)`` (flattened), which sit at
+    ``[at, at + hi - lo)`` of the bucket."""
+    name: str
+    param: nn.Parameter
+    lo: int
+    hi: int
+    at: int
+
+    @property
+    def whole(self) -> bool:
+        return self.lo == 0 and self.hi == self.param.numel()
+
+
+@dataclass
 class Bucket:
     index: int
-    names: list[str]
-    params: list[nn.Parameter]
+    space: int
+    start: int
+    end: int
+    members: list[Member]
     flat: torch.Tensor
-    offsets: list[int]
     ready: int = 0
     launched_at: float = 0.0
-    extra: dict = field(default_factory=dict)  # per-strategy state (e.g. the PS server it goes to)
+    extra: dict = field(default_factory=dict)  # per-strategy state; "group": the launch order it is in
 
     @property
     def nbytes(self) -> int:
         return self.flat.numel() * self.flat.element_size()
 
-    def views(self, flat: torch.Tensor | None = None) -> list[tuple[str, torch.Tensor]]:
-        """(name, view of its slice of ``flat``) per parameter, in bucket order; ``flat`` defaults to the
-        bucket's own buffer (any buffer of the same layout works, e.g. a pinned host copy)."""
-        flat = self.flat if flat is None else flat
-        return [(n, flat[o:o + p.numel()].view_as(p)) for n, p, o in zip(self.names, self.params, self.offsets)]
+
+def flat_layout(named_params) -> list[Space]:
+    """Parameters that need gradients, in reverse registration order, one ``Space`` per dtype (in order of
+    first appearance); deterministic, so every worker computes the same layout from the model alone."""
+    spaces: dict[torch.dtype, Space] = {}
+    for name, p in [(n, p) for n, p in named_params if p.requires_grad][::-1]:
+        sp = spaces.setdefault(p.dtype, Space(p.dtype, [], 0))
+        sp.members.append((name, p, sp.numel))
+        sp.numel += p.numel()
+    return list(spaces.values())
 
 
-def plan_buckets(sizes: list[int], dtypes: list, cap_bytes: int, first_cap_bytes: int) -> list[list[int]]:
-    """Indices (into the given order) per bucket: consecutive, capped by bytes, one dtype per bucket."""
-    buckets, cur, cur_bytes = [], [], 0
-    for i, (size, dtype) in enumerate(zip(sizes, dtypes)):
-        cap = first_cap_bytes if not buckets else cap_bytes
-        if cur and (cur_bytes + size > cap or dtype != dtypes[cur[-1]]):
-            buckets.append(cur)
-            cur, cur_bytes = [], 0
-        cur.append(i)
-        cur_bytes += size
-    if cur:
-        buckets.append(cur)
-    return buckets
+def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
+    """(space, start, end, group 0) per bucket: consecutive whole parameters, capped by bytes (a parameter
+    larger than the cap is a bucket of its own), the first bucket capped by ``first_cap_bytes``."""
+    out = []
+    for s, sp in enumerate(layout):
+        start, size = None, 0
+        for _, p, off in sp.members:
+            nbytes = p.numel() * p.element_size()
+            cap = first_cap_bytes if not out else cap_bytes
+            if start is not None and size + nbytes > cap:
+                out.append((s, start, off, 0))
+                start, size = None, 0
+            if start is None:
+                start = off
+            size += nbytes
+        if start is not None:
+            out.append((s, start, sp.numel, 0))
+    return out
 
 
 class GradBuckets:
-    def __init__(self, named_params, cap_bytes: int, first_cap_bytes: int, on_ready: Callable[[Bucket], None],
-                 device: torch.device | None = None, groups: list[list[str]] | None = None):
-        """``groups``: optional partition of the parameter names (e.g. one group per PS server); buckets
-        never span groups. Within a group, order follows reverse registration order."""
-        named = [(n, p) for n, p in named_params if p.requires_grad][::-1]
-        by_name = dict(named)
-        order = [n for n, _ in named]
-        groups = groups or [order]
-        self.on_ready = on_ready
+    def __init__(self, layout: list[Space], ranges: list[tuple[int, int, int, int]],
+                 on_ready: Callable[[Bucket], None], device: torch.device | None = None):
+        """``ranges``: (space, start, end, group) per bucket, covering every space exactly, in launch
+        order within each group."""
+        self.layout, self.on_ready = layout, on_ready
+        for sp in layout:
+            dev = device or (sp.members[0][1].device if sp.members else None)
+            sp.flat = torch.zeros(sp.numel, dtype=sp.dtype, device=dev)
+        covered = [[] for _ in layout]
         self.buckets: list[Bucket] = []
-        self._of: dict[int, tuple[Bucket, torch.Tensor]] = {}  # id(param) -> (its bucket, its grad view)
-        for g, group in enumerate(groups):
-            in_group = set(group)
-            members = [n for n in order if n in in_group]
-            plan = plan_buckets([by_name[n].numel() * by_name[n].element_size() for n in members],
-                                [by_name[n].dtype for n in members], cap_bytes, first_cap_bytes)
-            for idx in plan:
-                names = [members[i] for i in idx]
-                params = [by_name[n] for n in names]
-                offsets, total = [], 0
-                for p in params:
-                    offsets.append(total)
-                    total += p.numel()
-                flat = torch.zeros(total, dtype=params[0].dtype, device=device or params[0].device)
-                b = Bucket(len(self.buckets), names, params, flat, offsets, extra={"group": g})
-                self.buckets.append(b)
-                for (_, view), p in zip(b.views(), params):
-                    p.grad = view  # autograd accumulates into the bucket in place: no copy at launch time
-                    self._of[id(p)] = (b, view)
-                    p.register_post_accumulate_grad_hook(self._hook)
+        self._of: dict[int, tuple[list[Bucket], torch.Tensor]] = {}  # id(param) -> (its buckets, its grad view)
+        for s, sp in enumerate(layout):
+            for name, p, off in sp.members:
+                view = sp.flat[off:off + p.numel()].view_as(p)
+                p.grad = view  # autograd accumulates into the bucket in place: no copy at launch time
+                self._of[id(p)] = ([], view)
+                p.register_post_accumulate_grad_hook(self._hook)
+        for i, (s, start, end, group) in enumerate(ranges):
+            sp = self.layout[s]
+            members = [Member(n, p, max(start, off) - off, min(end, off + p.numel()) - off, max(start, off) - start)
+                       for n, p, off in sp.members if off < end and off + p.numel() > start]
+            b = Bucket(i, s, start, end, members, sp.flat[start:end], extra={"group": group})
+            self.buckets.append(b)
+            covered[s].append((start, end))
+            for m in members:
+                self._of[id(m.param)][0].append(b)
+        for s, sp in enumerate(layout):
+            spans = sorted(covered[s])
+            if [a for a, _ in spans] != [0] + [e for _, e in spans[:-1]] or (spans[-1][1] if spans else 0) != sp.numel:
+                raise ValueError(f"bucket ranges of space {s} do not cover its {sp.numel} elements exactly once")
+        groups = 1 + max((b.extra["group"] for b in self.buckets), default=0)
         self._ready: set[int] = set()
-        self._group_of = [b.extra["group"] for b in self.buckets]
-        self._order = [[b.index for b in self.buckets if b.extra["group"] == g] for g in range(len(groups))]
-        self._next = [0] * len(groups)  # per group: position in _order of its next bucket to launch
+        self._order = [[b.index for b in self.buckets if b.extra["group"] == g] for g in range(groups)]
+        self._next = [0] * groups  # per group: position in _order of its next bucket to launch
 
     def _hook(self, p: nn.Parameter) -> None:
-        b, view = self._of[id(p)]
+        buckets, view = self._of[id(p)]
         if p.grad.data_ptr() != view.data_ptr():  # someone set .grad to None (zero_grad(set_to_none=True))
             view.copy_(p.grad)
             p.grad = view
-        b.ready += 1
-        if b.ready == len(b.params):
-            self._ready.add(b.index)
-            self._launch_in_order(self._group_of[b.index])
+        for b in buckets:
+            b.ready += 1
+            if b.ready == len(b.members):
+                self._ready.add(b.index)
+                self._launch_in_order(b.extra["group"])
 
     def _launch_in_order(self, g: int) -> None:
         order = self._order[g]

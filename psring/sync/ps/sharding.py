@@ -1,23 +1,55 @@
-"""Which server owns which parameter: whole parameters, balanced by bytes.
+"""Which server owns which part of the model: equal chunks of the flat parameter vector, round-robin.
 
-Greedy longest-processing-time assignment (largest parameter first, to the server with the fewest bytes
-so far; ties to the lower server index) is deterministic, so every worker computes the same map from
-the model alone, and its imbalance is at most one parameter's size.
+The parameters, laid out as one flat vector in backward order (``buckets.flat_layout``), are cut into
+``S * k`` equal chunks of at most ``cap_bytes`` each (k as small as that allows), and chunk i goes to
+server i mod S. So every server owns the same number of bytes (to one element) whatever the tensor
+sizes, and each owns chunks spread over the whole backward pass, so all servers work from its start.
+This is BytePS's tensor partitioning (Jiang et al., OSDI 2020) and ps-lite's key-range slicing: a
+large tensor is split over several servers. Owning whole tensors instead would leave ResNet-18's three
+9.4 MB convolutions each on one server: with S = 8 the busiest server would carry 1.7x its share.
+
+With one server there is nothing to balance: the chunks are then cut at parameter boundaries (whole
+parameters up to the cap, a larger parameter a chunk of its own), so a CPU worker can use every
+replied parameter in place, without a copy (``PSSync._load_params``).
+
+The plan depends only on the model and S, so every worker computes the same one; chunks are named
+``c<i>`` on the wire (checkpoints convert them back to parameters).
 """
 from __future__ import annotations
 
+import math
 
-def assign_shards(sizes: list[int], servers: int) -> list[int]:
-    """``owner[i]``: the server of parameter ``i`` whose size in bytes is ``sizes[i]``."""
+
+def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
+                cap_bytes: int) -> list[tuple[int, int, int, int]]:
+    """(space, start, end, server) per chunk, in chunk order. ``spaces``: per dtype, the element counts
+    of its parameters in layout order. Each space is cut into a multiple of ``servers`` equal chunks (to
+    one element) of at most ``cap_bytes``; the round-robin over servers continues from one space to the
+    next. One server: whole parameters up to ``cap_bytes`` per chunk instead."""
     if servers < 1:
         raise ValueError(f"need at least one server, got {servers}")
-    if servers > len(sizes):
-        raise ValueError(f"{servers} servers for {len(sizes)} parameters: some servers would own nothing; "
-                         f"use --servers {len(sizes)} or fewer")
-    load = [0] * servers
-    owner = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        s = min(range(servers), key=lambda s: (load[s], s))
-        owner[i] = s
-        load[s] += sizes[i]
-    return owner
+    total = sum(sum(sp) for sp in spaces)
+    if servers > total:
+        raise ValueError(f"{servers} servers for {total} parameter elements: some servers would own nothing; "
+                         f"use --servers {total} or fewer")
+    out, i = [], 0
+    for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
+        numel = sum(sizes)
+        if numel == 0:
+            continue
+        if servers == 1:
+            start = end = 0
+            for size in sizes:
+                if end > start and (end - start + size) * itemsize > cap_bytes:
+                    out.append((s, start, end, 0))
+                    start = end
+                end += size
+            out.append((s, start, end, 0))
+            continue
+        per_server = math.ceil(numel * itemsize / servers)
+        n = min(numel, servers * max(1, math.ceil(per_server / max(cap_bytes, itemsize))))
+        bounds = [numel * j // n for j in range(n + 1)]
+        for j in range(n):
+            out.append((s, bounds[j], bounds[j + 1], i % servers))
+            i += 1
+    return out

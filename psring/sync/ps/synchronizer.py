@@ -1,26 +1,31 @@
 """``ps``: workers push gradients to S parameter servers and pull the updated parameters back.
 
-Each server owns whole parameters (``sharding.assign_shards``, balanced by bytes). With the default
-design (``server-optimizer``) it runs the optimizer (SGD or Adam) for them and the worker runs none;
-with ``aggregate`` it only sums the workers' gradients and the workers run the optimizer locally on the
-sum (divided by N as the fused kernel reads it, as after an all-reduce). The consistency model (BSP,
-SSP with bound k, ASP; see ``consistency``) is the servers' business: it only decides when a pushpull is
-answered. Rank 0 initialises the servers with its (seeded) initial weights, the optimizer settings, the
-design and the consistency model; every worker then pulls version 0, so all start from the servers' copy.
+The model's parameters, as one flat vector in backward order, are cut into equal chunks spread
+round-robin over the servers (``sharding.plan_chunks``: a large tensor is split over several servers,
+so every server owns the same bytes). With the default
+design (``server-optimizer``) each server runs the optimizer (SGD or Adam) for its chunks and the
+worker runs none; with ``aggregate`` it only sums the workers' gradients and the workers run the
+optimizer locally on the sum (divided by N as the fused kernel reads it, as after an all-reduce). The
+consistency model (BSP, SSP with bound k, ASP; see ``consistency``) is the servers' business: it only
+decides when a pushpull is answered. Rank 0 initialises the servers with its (seeded) initial weights,
+the optimizer settings, the design and the consistency model; every worker then pulls version 0, so
+all start from the servers' copy.
 
-Overlap: gradients live in per-server bucket buffers (``buckets.GradBuckets``; ``.grad`` are views
-into them). A bucket is pushed from inside backward as soon as its last gradient is accumulated, as a
-``pushpull``: the server answers it with the bucket's updated parameters as soon as every worker's
-gradients for them arrived and the update ran. So servers aggregate and update while backward still
-runs, and new parameters stream back bucket by bucket while later buckets are still on their way in.
-Frames go to ZeroMQ without copies: the bucket's own memory (on GPU, a pinned host copy made
-asynchronously, then waited for).
+Overlap: the chunks are the buckets (``buckets.GradBuckets`` over one flat gradient buffer; ``.grad``
+are views into it). A chunk is pushed from inside backward as soon as every gradient it covers is
+accumulated, as a ``pushpull``: the server answers it with the chunk's updated parameters as soon as
+every worker's gradients for it arrived and the update ran. So servers aggregate and update while
+backward still runs, and new parameters stream back chunk by chunk while later ones are still on their
+way in. Frames go to ZeroMQ without copies: the chunk's own memory (on GPU, a pinned host copy made
+asynchronously, then waited for). On CPU, a parameter that lies wholly in one chunk becomes a view of
+the reply's frame (no copy); one split over chunks is copied into, part by part.
 
-Checkpoints: ``state_dict`` (rank 0, between steps) fetches every server's shard, optimizer state and
-version with the ``state`` op; resuming (``resume_from`` before ``attach``) has rank 0 init every server
-with the model's parameters (loaded from the checkpoint), the saved optimizer state of its keys and the
-version of the step to continue at, and every worker pulls that version. Optimizer state is matched by
-parameter name, so the number of servers may differ from the checkpointed run's.
+Checkpoints: ``state_dict`` (rank 0, between steps) fetches every server's chunks' optimizer state and
+version with the ``state`` op and reassembles the state per parameter; resuming (``resume_from`` before
+``attach``) has rank 0 init every server with the model's parameters (loaded from the checkpoint), the
+saved optimizer state cut into its chunks, and the version of the step to continue at, and every worker
+pulls that version. State is kept by parameter name, so the number of servers (and the chunking) may
+differ from the checkpointed run's.
 """
 from __future__ import annotations
 
@@ -31,21 +36,22 @@ from torch import nn
 
 from ...config import OptimConfig
 from ..base import Synchronizer, SyncStats, make_local_optimizer, timed_update
-from ..buckets import Bucket, GradBuckets
+from ..buckets import Bucket, GradBuckets, flat_layout
 from .client import PSClient
 from .consistency import check_semantics
 from .optimizers import optim_header
 from .protocol import Pieces
-from .sharding import assign_shards
+from .sharding import plan_chunks
 
 
 class PSSync(Synchronizer):
     name = "ps"
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
-                 timeout_s: float, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0, overlap: bool = True,
-                 frame_kb: int = 1024, design: str = "server-optimizer", consistency: str = "bsp",
-                 staleness: int = 2, curve: str | None = None):
+                 timeout_s: float, bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024,
+                 design: str = "server-optimizer", consistency: str = "bsp", staleness: int = 2,
+                 curve: str | None = None):
+        """``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them)."""
         super().__init__(rank, world, device)
         self.curve = curve
         if not addrs:
@@ -53,83 +59,121 @@ class PSSync(Synchronizer):
         self.semantics = check_semantics(design, consistency, staleness)
         self.aggregate = design == "aggregate"
         self.addrs, self.optim_cfg, self.timeout_s, self.overlap = addrs, optim, timeout_s, overlap
-        self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
+        self.cap = int(bucket_mb * 2**20)
         self.frame_bytes = frame_kb * 1024 if frame_kb > 0 else None
         self.client = None
 
     def attach(self, model: nn.Module) -> nn.Module:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        owner = assign_shards([p.numel() * p.element_size() for _, p in named], len(self.addrs))
-        self.shards: list[list[tuple[str, nn.Parameter]]] = [[] for _ in self.addrs]
-        for (n, p), s in zip(named, owner):
-            self.shards[s].append((n, p))
-        self.buckets = GradBuckets(named, self.cap, self.first_cap, self._on_ready, self.device,
-                                   groups=[[n for n, _ in shard] for shard in self.shards])
+        self.layout = flat_layout(named)
+        chunks = plan_chunks([[p.numel() for _, p, _ in sp.members] for sp in self.layout],
+                             [sp.dtype.itemsize for sp in self.layout], len(self.addrs), self.cap)
+        self.buckets = GradBuckets(self.layout, chunks, self._on_ready, self.device)
+        self.chunks: list[list[Bucket]] = [[] for _ in self.addrs]  # per server, in launch order
         for b in self.buckets.buckets:
+            b.extra["key"] = f"c{b.index}"
             b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
+            self.chunks[b.extra["group"]].append(b)
+        self.by_key = {b.extra["key"]: b for b in self.buckets.buckets}
         self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
             if self.aggregate else None
         self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
         start, opt_state = self._resume_point()
         if self.rank == 0:
+            values = [torch.cat([p.detach().reshape(-1).cpu() for _, p, _ in sp.members]) for sp in self.layout]
             init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header(),
                     "version": start}
-            reqs = [self.client.send(s, init, [(n, p.detach().cpu().contiguous()) for n, p in shard],
-                                     [(f"{kind}/{n}", t) for n, _ in shard for kind, t in opt_state.get(n, [])])
-                    for s, shard in enumerate(self.shards)]
+            reqs = [self.client.send(s, init, [(b.extra["key"], values[b.space][b.start:b.end]) for b in chunks],
+                                     [kt for b in chunks for kt in self._chunk_state(b, opt_state)])
+                    for s, chunks in enumerate(self.chunks)]
             for s, req in enumerate(reqs):
                 self.client.recv(s, req)
+            del values
         reqs = [self.client.send(s, {"op": "pull", "version": start}) for s in range(len(self.addrs))]
         for s, req in enumerate(reqs):
-            self._load(s, self.client.recv(s, req)[1], [n for n, _ in self.shards[s]])
+            named_reply = self.client.recv(s, req)[1]
+            keys = [k for k, _ in named_reply]
+            if keys != [b.extra["key"] for b in self.chunks[s]]:
+                raise RuntimeError(f"PS server {s} holds chunks {keys[:3]}..., expected "
+                                   f"{[b.extra['key'] for b in self.chunks[s]][:3]}... (another run's server?)")
+            for (_, t), b in zip(named_reply, self.chunks[s]):
+                self._load_params(t, b, alias=not self.aggregate)
         self.cur = start
         if self.optimizer is not None:
             self._restore_optimizer()
         self._new_step()
         return model
 
-    def _resume_point(self) -> tuple[int, dict[str, list[tuple[str, torch.Tensor]]]]:
-        """(first step, {parameter: [(kind, tensor)]} of saved server optimizer state) from ``self.resume``;
+    @staticmethod
+    def _chunk_state(b: Bucket, by_param: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """A chunk's slice of the saved per-parameter optimizer state, named ``KIND/KEY`` as init takes it
+        (Adam's ``step`` is per tensor: the chunk's first parameter's, the same for all of them)."""
+        if not by_param:
+            return []
+        key, first = b.extra["key"], by_param[b.members[0].name]
+        return [(f"{kind}/{key}", first[kind] if kind == "step" else
+                 torch.cat([by_param[m.name][kind].reshape(-1)[m.lo:m.hi] for m in b.members]))
+                for kind in first]
+
+    def _resume_point(self) -> tuple[int, dict[str, dict[str, torch.Tensor]]]:
+        """(first step, {parameter: {kind: tensor}} of saved server optimizer state) from ``self.resume``;
         (0, {}) for a fresh run."""
         if self.resume is None:
             return 0, {}
         state, step = self.resume
-        servers = state.get("servers") if self.rank == 0 else []  # only rank 0 inits the servers
-        if servers is None and not self.aggregate:
+        if self.rank != 0:  # only rank 0 inits the servers
+            return step, {}
+        if state.get("servers") is None and not self.aggregate:
             raise ValueError("the checkpoint holds no PS server state (state_dict()['servers']): cannot resume "
                              "the servers' optimizer")
-        by_param: dict[str, list] = {}
-        for srv in servers or []:
+        for srv in state.get("servers") or []:
             if self.semantics.consistency == "bsp" and srv["version"] != step:
                 raise ValueError(f"the checkpoint's servers are at step {srv['version']}, not at {step}, "
                                  f"the step to resume at")
-            for name, t in srv["opt_state"].items():
-                kind, _, param = name.partition("/")
-                by_param.setdefault(param, []).append((kind, t.contiguous()))
+        by_param: dict[str, dict[str, torch.Tensor]] = {}
+        for name, t in (state.get("opt_state") or {}).items():
+            kind, _, param = name.partition("/")
+            by_param.setdefault(param, {})[kind] = t
         return step, by_param
 
     def state_dict(self) -> dict:
-        """Rank 0, between steps: ``{"servers": [per server: {"version", "clocks", "optim", "semantics",
-        "params": {key: tensor}, "opt_state": {"KIND/KEY": tensor}}], "optimizer": ...}`` (the local
-        optimizer's, design aggregate only), CPU tensors and plain values. Other ranks: {}."""
+        """Rank 0, between steps: ``{"servers": [per server: {"version", "clocks", "optim", "semantics"}],
+        "opt_state": {"KIND/PARAMETER": tensor}, "optimizer": ...}`` (the servers' optimizer state put back
+        together per parameter; ``optimizer``: the local optimizer's, design aggregate only), CPU tensors
+        and plain values. Other ranks: {}."""
         if self.rank != 0:
             return {}
-        if any(self.inflight) or self.deferred:
+        if self.inflight or self.deferred:
             raise RuntimeError("PSSync.state_dict between steps only (this step's gradients are on their way)")
         reqs = [self.client.send(s, {"op": "state"}) for s in range(len(self.addrs))]
-        servers = []
+        servers, chunk_state = [], {}
         for s, req in enumerate(reqs):
-            header, named = self.client.recv(s, req)
-            own = {k: t.join() if isinstance(t, Pieces) else t.clone() for k, t in named}
-            opt = {k: t.join() if isinstance(t, Pieces) else t.clone() for k, t in header["opt_state"]}
+            header, _ = self.client.recv(s, req)
+            for name, t in header["opt_state"]:
+                chunk_state[name] = t.join() if isinstance(t, Pieces) else t
             servers.append({"version": header["version"], "clocks": header["clocks"], "optim": header["optim"],
-                            "semantics": {k: header[k] for k in ("design", "consistency", "staleness")},
-                            "params": own, "opt_state": opt})
-        return {"servers": servers, **super().state_dict()}
+                            "semantics": {k: header[k] for k in ("design", "consistency", "staleness")}})
+        opt_state = {}
+        kinds = sorted({name.partition("/")[0] for name in chunk_state})
+        for sp in self.layout:
+            for pname, p, _ in sp.members:
+                for kind in kinds:
+                    opt_state[f"{kind}/{pname}"] = torch.empty(() if kind == "step" else p.shape,
+                                                               dtype=torch.float32 if kind == "step" else p.dtype)
+        for b in self.buckets.buckets:
+            for kind in kinds:
+                t = chunk_state[f"{kind}/{b.extra['key']}"]
+                for m in b.members:
+                    dst = opt_state[f"{kind}/{m.name}"]
+                    if kind == "step":
+                        dst.copy_(t)
+                    else:
+                        dst.view(-1)[m.lo:m.hi].copy_(t.reshape(-1)[m.at:m.at + m.hi - m.lo])
+        return {"servers": servers, "opt_state": opt_state, **super().state_dict()}
 
     def _new_step(self) -> None:
-        self.inflight: list[list[tuple[int, Bucket, list]]] = [[] for _ in self.addrs]  # (req, bucket, trace)
+        self.inflight: list[tuple[int, Bucket, list]] = []  # (req, chunk, trace), in launch order
         self.deferred: list[Bucket] = []
         self.messages = []
         # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
@@ -147,47 +191,47 @@ class PSSync(Synchronizer):
         if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
             host.copy_(b.flat, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
-        req = self.client.send(s, {"op": "pushpull", "step": self.cur}, b.views(host))
+        req = self.client.send(s, {"op": "pushpull", "step": self.cur}, [(b.extra["key"], host)])
         sent = time.perf_counter()
-        reply = [sent, f"params of bucket {b.index} from server {s}", None]  # duration set on arrival
-        self.messages += [[t, f"push bucket {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
-        self.inflight[s].append((req, b, reply))
+        reply = [sent, f"params of chunk {b.index} from server {s}", None]  # duration set on arrival
+        self.messages += [[t, f"push chunk {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
+        self.inflight.append((req, b, reply))
 
-    def _load_grads(self, s: int, named: list, b: Bucket) -> None:
-        """aggregate: the bucket's gradient sums, into the bucket's buffer (the ``.grad`` the optimizer
-        reads; its pushed contents are no longer needed, the server has received them)."""
-        got = [k for k, _ in named]
-        if got != b.names:
-            raise RuntimeError(f"PS server {s} returned keys {got[:3]}..., expected {b.names[:3]}...")
-        for (_, view), (_, t) in zip(b.views(), named):
-            if isinstance(t, Pieces):
-                t.copy_into(view)
-            else:
-                view.copy_(t)
-
-    def _load(self, s: int, named: list, names: list[str]) -> None:
-        got = [k for k, _ in named]
-        if got != names:
-            raise RuntimeError(f"PS server {s} returned keys {got[:3]}..., expected {names[:3]}...")
-        params = dict(self.shards[s])
+    def _load_params(self, t, b: Bucket, alias: bool) -> None:
+        """A chunk's values (a tensor viewing a received frame, or ``Pieces``) into the parameters it
+        covers. ``alias`` (CPU, server-optimizer): a parameter wholly in the chunk becomes a view of the
+        frame, kept alive by the tensor; nothing on such a worker writes parameters (the servers run the
+        optimizer) and the next reply replaces the view. Parameters split over chunks, and frames not
+        aligned to their element size (ZeroMQ packs small messages into a shared buffer), are copied."""
+        if isinstance(t, Pieces):
+            t = t.join()  # a server started with --frame-kb: joined once, then used like one frame
+        alias = alias and self.device.type == "cpu" and t.data_ptr() % t.element_size() == 0
         with torch.no_grad():
-            for key, t in named:
-                if isinstance(t, Pieces):
-                    t.copy_into(params[key])
-                elif self.device.type == "cpu" and not self.aggregate and t.data_ptr() % t.element_size() == 0:
-                    # Zero-copy: the parameter becomes a view of the received frame (kept alive by the
-                    # tensor). Nothing on a PS worker writes parameters (the server runs the optimizer),
-                    # and the next step's reply replaces the view. A frame not aligned to its element
-                    # size (ZeroMQ packs small messages into a shared buffer) is copied instead. With the
-                    # aggregate design the local optimizer writes them: the initial values are copied.
-                    params[key].data = t
+            for m in b.members:
+                src = t[m.at:m.at + m.hi - m.lo]
+                if alias and m.whole:
+                    m.param.data = src.view(m.param.shape)
                 else:
-                    params[key].copy_(t)
+                    m.param.data.view(-1)[m.lo:m.hi].copy_(src)
+
+    def _reply(self, s: int, named: list, b: Bucket) -> None:
+        """A pushpull's reply: the chunk's new values into the parameters, or (aggregate) the gradient
+        sum into the chunk's buffer (the ``.grad`` the local optimizer reads; what it held was pushed)."""
+        if [k for k, _ in named] != [b.extra["key"]]:
+            raise RuntimeError(f"PS server {s} answered with {[k for k, _ in named][:3]}, expected "
+                               f"[{b.extra['key']!r}]")
+        t = named[0][1]
+        if not self.aggregate:
+            self._load_params(t, b, alias=True)
+        elif isinstance(t, Pieces):
+            t.copy_into(b.flat)
+        else:
+            b.flat.copy_(t)
 
     def step(self, step: int) -> SyncStats:
         """push_s: pushing what backward did not (all of it without overlap); wait_s: until the replies
         arrived (transfer, aggregation, the slowest worker, the update); pull_s: copying the new
-        parameters (aggregate: the gradient sums) into the model, bucket by bucket, while later ones are
+        parameters (aggregate: the gradient sums) into the model, chunk by chunk, while later ones are
         still on the wire. update_s: the local optimizer (aggregate only; 0 when the servers update)."""
         if step != self.cur:
             raise RuntimeError(f"PS worker is at step {self.cur} but was asked to synchronize step {step}")
@@ -198,19 +242,16 @@ class PSSync(Synchronizer):
         t1 = self.clock.now()
         wait_s = pull_s = 0.0
         lap = t1  # laps of one clock, so push_s + wait_s + pull_s is exactly sync_s
-        for s, inflight in enumerate(self.inflight):
-            for req, b, trace in inflight:
-                _, named = self.client.recv(s, req)
-                tb = time.perf_counter()
-                trace[2] = tb - trace[0]
-                if self.aggregate:
-                    self._load_grads(s, named, b)
-                else:
-                    self._load(s, named, b.names)
-                tc = self.clock.now()
-                wait_s += tb - lap
-                pull_s += tc - tb
-                lap = tc
+        for req, b, trace in self.inflight:  # in launch order: the servers' replies interleave the same way
+            s = b.extra["group"]
+            _, named = self.client.recv(s, req)
+            tb = time.perf_counter()
+            trace[2] = tb - trace[0]
+            self._reply(s, named, b)
+            tc = self.clock.now()
+            wait_s += tb - lap
+            pull_s += tc - tb
+            lap = tc
         update_s = timed_update(self.optimizer, self.device) if self.aggregate else 0.0
         stats = SyncStats(sync_s=lap - t0, update_s=update_s, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
