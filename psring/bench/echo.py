@@ -1,5 +1,11 @@
 """A raw ZeroMQ echo server: the PS's transport with none of its logic. Every message comes back as is.
 
+With ``--update-bytes M`` it is instead the floor of a PS round trip on this machine: each frame is
+read as float32 gradients of the next part of an M-byte parameter vector (in arrival order, wrapping
+at M; zeros at start), torch's fused momentum-SGD kernel with the PS's default settings updates that part, and the message is answered with the
+updated parameters (zero-copy) — the transport plus the update, still with none of psring's logic
+(no header, no checks, no keys, no steps).
+
 Run as ``python -m psring.bench.echo --port-file F``; exits on an empty message, SIGTERM, or when idle.
 """
 from __future__ import annotations
@@ -11,7 +17,36 @@ from pathlib import Path
 import zmq
 
 
-def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1") -> int:
+def sgd_updater(nbytes: int):
+    """``update(frame) -> memoryview`` of the updated parameters the frame's gradients were for."""
+    import warnings
+
+    import torch
+    from torch.optim.sgd import sgd
+
+    from ..config import OptimConfig
+
+    warnings.filterwarnings("ignore", "The given buffer is not writable")  # frames are only read
+    torch.set_num_threads(1)
+    cfg = OptimConfig()  # the PS servers' default update, so the floor does the same work
+    params, moms, pos = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4), 0
+
+    def update(frame) -> memoryview:
+        nonlocal pos
+        g = torch.frombuffer(frame.buffer, dtype=torch.float32)
+        if pos + g.numel() > params.numel():
+            pos = 0
+        p, m = params[pos:pos + g.numel()], moms[pos:pos + g.numel()]
+        sgd([p], [g], [m], fused=True, weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
+            dampening=0.0, nesterov=False, maximize=False)
+        pos += g.numel()
+        return memoryview(p.numpy()).cast("B")
+
+    return update
+
+
+def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1", update_bytes: int = 0) -> int:
+    update = sgd_updater(update_bytes) if update_bytes else None
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.linger = 0
@@ -22,8 +57,10 @@ def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1"
     try:
         while sock.poll(int(idle_timeout_s * 1000)):
             msg = sock.recv_multipart(copy=False)
-            if len(msg) < 2:
+            if len(msg) < 2 or (len(msg) == 2 and not len(msg[1])):  # (a peer's empty message)
                 return 0
+            if update is not None:
+                msg = [msg[0], *(update(f) for f in msg[1:])]
             sock.send_multipart(msg, copy=False)
         return 1  # idle for too long: whoever started us is gone
     finally:
@@ -36,5 +73,7 @@ if __name__ == "__main__":
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--idle-timeout", type=float, default=300.0)
     ap.add_argument("--bind", default="127.0.0.1", help="address to listen on (default loopback only)")
+    ap.add_argument("--update-bytes", type=int, default=0,
+                    help="answer with SGD-updated parameters of this many bytes instead of echoing")
     a = ap.parse_args()
-    raise SystemExit(serve(a.port_file, a.idle_timeout, a.bind))
+    raise SystemExit(serve(a.port_file, a.idle_timeout, a.bind, a.update_bytes))

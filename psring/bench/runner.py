@@ -93,9 +93,11 @@ def format_table(df: pd.DataFrame) -> str:
 
 def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, warmup: int = 5, iters: int = 20,
               chunk_bytes: int | list[int] = 1 << 20, timeout_s: float = 1800, model: str | None = None,
-              servers: list[int] | None = None, bucket_mb: float = 25.0) -> pd.DataFrame:
+              servers: list[int] | None = None, bucket_mb: float = 25.0, floor: bool = False) -> pd.DataFrame:
     """``model``: bench that model's gradient set (its real tensor shapes) instead of each size;
-    ``chunk_bytes``: a list means the raw echo is timed at each and the fastest is kept."""
+    ``chunk_bytes``: a list means the raw echo is timed at each and the fastest is kept; ``floor``: ps
+    also times ``raw_zmq_echo_sgd``, echo servers that run the SGD update too (``bench.echo``): the
+    transport plus the update with none of psring's logic, the PS's floor on this machine."""
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     groups = []
@@ -108,7 +110,7 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
         print(f"== {g['strategy']}" + (f" S={g['servers']}" if g["strategy"] == "ps" else "") + f", N={workers}",
               flush=True)
         spec = {**g, "sizes": [0] if model else sizes, "model": model, "warmup": warmup, "iters": iters, "chunk_bytes": chunk_bytes,
-                "out": str(out_dir), "timeout_s": min(timeout_s, 300), "bucket_mb": bucket_mb}
+                "out": str(out_dir), "timeout_s": min(timeout_s, 300), "bucket_mb": bucket_mb, "floor": floor}
         rows += run_group(spec, out_dir, workers, timeout_s)
     df = add_efficiency(pd.DataFrame(rows))
     df.to_csv(out_dir / "bench.csv", index=False)

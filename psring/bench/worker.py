@@ -41,6 +41,16 @@ class FlatModel(nn.Module):
             p.grad = torch.randn(p.shape, generator=g) * 1e-3
 
 
+def connect(ctx: zmq.Context, addrs: list[str]) -> list:
+    socks = []
+    for a in addrs:
+        s = ctx.socket(zmq.DEALER)
+        s.linger = 0
+        s.connect(a)
+        socks.append(s)
+    return socks
+
+
 def timed(fns: list, warmup: int, iters: int) -> list[list[float]]:
     """Per-iteration times of each ``fns[k](i)`` (which may return its own time, else wall time is used),
     interleaved: iteration i runs every fn once, each after a barrier, so a strategy and its raw
@@ -77,11 +87,14 @@ def echo_round(socks: list, payload: memoryview, chunk: int) -> None:
             sock.recv(copy=False)
 
 
-def start_set(kids: Children, out: Path, kind: str, n: int, workers: int, tag: str) -> list[str]:
+def start_set(kids: Children, out: Path, kind: str, n: int, workers: int, tag: str,
+              update_bytes: int = 0) -> list[str]:
+    """``kind``: "echo" (raw echo servers; with ``update_bytes``, echo + SGD update) or "server" (psring's)."""
     specs = []
     for i in range(n):
         pf = out / "addrs" / f"{tag}-{kind}{i}.addr"
-        argv = ([sys.executable, "-m", "psring.bench.echo", "--port-file", str(pf)] if kind == "echo" else
+        argv = ([sys.executable, "-m", "psring.bench.echo", "--port-file", str(pf), "--update-bytes",
+                 str(update_bytes)] if kind == "echo" else
                 [sys.executable, "-m", "psring", "server", "--workers", str(workers), "--port-file", str(pf),
                  "--idle-timeout", "300"])
         specs.append((f"{kind} {i}", argv, pf, out / "logs" / f"{tag}-{kind}{i}.log"))
@@ -118,22 +131,19 @@ def run(spec: dict) -> int:
     strategy, servers, rows = spec["strategy"], spec.get("servers", 1), []
     kids = Children()
     ctx = zmq.Context()
+    socks, extra_socks = [], []
     try:
         if strategy == "ps":
             addrs = shared_addrs(rank, lambda: start_set(kids, out, "echo", servers, world, f"s{servers}"),
                                  out / "addrs" / f"s{servers}-echo.json")
-            socks = []
-            for a in addrs:
-                s = ctx.socket(zmq.DEALER)
-                s.linger = 0
-                s.connect(a)
-                socks.append(s)
+            socks = connect(ctx, addrs)
         warm = torch.zeros(1024)
         for _ in range(10):  # connections and buffers of the transport are set up lazily: not in any size's figure
             dist.all_reduce(warm)
         for size in spec["sizes"]:
             model = build_model(spec["model"], 0) if spec.get("model") else FlatModel(size, max(16, servers))
             nbytes = sum(p.numel() * 4 for p in model.parameters())
+            floors = []
             if strategy == "allreduce":
                 flat = torch.randn(nbytes // 4)
                 sync = AllReduceSync(pg, OptimConfig(), spec.get("bucket_mb", 25.0))
@@ -152,21 +162,32 @@ def run(spec: dict) -> int:
                               spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
-                *raws, mine = timed(echoes + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
-                rows.append(row("raw_zmq_echo", world, servers, nbytes, min(raws, key=statistics.median)))
-                rows.append(row("ps", world, servers, nbytes, mine))  # (the transport's best frame size above)
+                if spec.get("floor"):  # echo servers that also run the SGD update: the PS's floor here
+                    per = math.ceil(nbytes / servers)
+                    sgd_socks = connect(ctx, shared_addrs(
+                        rank, lambda: start_set(kids, out, "echo", servers, world, f"{tag}-sgd", per),
+                        out / "addrs" / f"{tag}-sgd.json"))
+                    extra_socks += sgd_socks
+                    floors = [lambda i, c=c: echo_round(sgd_socks, payload, c) for c in chunks]
+                times = timed(echoes + floors + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
+                best = min(times[:len(chunks)], key=statistics.median)
+                rows.append(row("raw_zmq_echo", world, servers, nbytes, best))
+                if floors:
+                    rows.append(row("raw_zmq_echo_sgd", world, servers, nbytes,
+                                    min(times[len(chunks):-1], key=statistics.median)))
+                rows.append(row("ps", world, servers, nbytes, times[-1]))  # (the raws: their best frame size)
                 sync.close()
             if rank == 0:
                 print(f"  {strategy:>9} S={servers if strategy == 'ps' else '-'} {nbytes:>11,d} B: "
-                      f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2]['time_s'] * 1e3:9.3f} ms)", flush=True)
+                      f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2 - bool(floors)]['time_s'] * 1e3:9.3f} ms)",
+                      flush=True)
         if rank == 0:
             with open(out / f"{strategy}-s{servers}.jsonl", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         dist.barrier()
     finally:
-        if strategy == "ps":
-            for s in socks:
-                s.close(linger=0)
+        for s in socks + extra_socks:
+            s.close(linger=0)
         ctx.term()
         kids.stop_all(grace_s=2)
         dist.destroy_process_group()

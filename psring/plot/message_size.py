@@ -9,9 +9,10 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullForma
 from ..costmodel import Link, ps, ring_allreduce
 from .common import PS_COLORS, SERIES_COLORS, fmt_bytes, is_num, new_figure
 
-RAW_OF = {"raw_allreduce": "allreduce", "raw_zmq_echo": "ps"}
+RAW_OF = {"raw_allreduce": "allreduce", "raw_zmq_echo": "ps", "raw_zmq_echo_sgd": "ps"}
 NAMES = {"allreduce": "allreduce (synchronizer)", "ps": "ps (synchronizer)",
-         "raw_allreduce": "raw dist.all_reduce", "raw_zmq_echo": "raw ZeroMQ echo"}
+         "raw_allreduce": "raw dist.all_reduce", "raw_zmq_echo": "raw ZeroMQ echo",
+         "raw_zmq_echo_sgd": "raw ZeroMQ echo + SGD update"}
 
 
 def load_bench(path: str | Path) -> pd.DataFrame:
@@ -26,7 +27,7 @@ def bench_series(bench: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
                         .dropna().unique())
     out = []
     keys = bench[["strategy", "workers", "servers"]].drop_duplicates()
-    order = ["allreduce", "raw_allreduce", "ps", "raw_zmq_echo"]
+    order = ["allreduce", "raw_allreduce", "ps", "raw_zmq_echo", "raw_zmq_echo_sgd"]
     keys = keys.assign(_o=keys["strategy"].map(lambda s: order.index(s) if s in order else 9))
     for _, k in keys.sort_values(["_o", "workers", "servers"]).iterrows():
         strat, n, s = k["strategy"], int(k["workers"]), k["servers"]
@@ -42,7 +43,8 @@ def bench_series(bench: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
         if many_n:
             label += f", N={n}"
         raw = strat in RAW_OF
-        style = {"color": color, "marker": "s" if raw else "o", "linestyle": "--" if raw else "-",
+        style = {"color": color, "marker": "s" if raw else "o",
+                 "linestyle": ":" if strat == "raw_zmq_echo_sgd" else "--" if raw else "-",
                  "fillstyle": "none" if raw else "full", "markersize": 5}
         out.append((label, style, rows))
     return out

@@ -75,7 +75,6 @@ class PSSync(Synchronizer):
             b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
                 b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
             self.chunks[b.extra["group"]].append(b)
-        self.by_key = {b.extra["key"]: b for b in self.buckets.buckets}
         self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
             if self.aggregate else None
         self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)

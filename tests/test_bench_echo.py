@@ -1,0 +1,75 @@
+"""The bench's raw transports: the ZeroMQ echo server, and its ``--update-bytes`` variant (echo + SGD
+update, the PS's floor), served in a thread on loopback; and a bench run that times that floor."""
+from __future__ import annotations
+
+import threading
+
+import pandas as pd
+import torch
+import zmq
+
+from psring.bench.echo import serve
+from psring.bench.runner import run_bench
+from psring.config import OptimConfig
+
+TIMEOUT_MS = 10_000
+
+
+def roundtrip(tmp_path, update_bytes: int, rounds: list[list[bytes]]) -> list[list[bytes]]:
+    """Serve an echo in a thread, send each round's frames as one message, return the replies."""
+    pf = tmp_path / f"echo{update_bytes}.addr"
+    th = threading.Thread(target=serve, args=(str(pf), 20.0, "127.0.0.1", update_bytes), daemon=True)
+    th.start()
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    try:
+        for _ in range(200):
+            if pf.exists():
+                break
+            th.join(0.05)
+        sock.connect(pf.read_text().strip())
+        replies = []
+        for frames in rounds:
+            sock.send_multipart(frames)
+            assert sock.poll(TIMEOUT_MS), "echo server did not answer"
+            replies.append(sock.recv_multipart())
+        sock.send(b"")  # an empty message stops it
+        th.join(10)
+        assert not th.is_alive()
+        return replies
+    finally:
+        sock.close()
+        ctx.term()
+
+
+def test_echo_returns_every_frame_unchanged(tmp_path):
+    frames = [b"abc", bytes(range(256)) * 100, b"\x00" * 70_000]
+    assert roundtrip(tmp_path, 0, [frames]) == [frames]
+
+
+def test_echo_with_update_answers_with_sgd_updated_parameters(tmp_path):
+    """A 6-element vector: two rounds in frames of 4 and 2 elements, then one of 6 that wraps to the start:
+    the replies are what torch.optim.SGD (the PS's defaults, zeros at start) computes for the same
+    gradients."""
+    g = [torch.randn(6, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    rounds = [[g[i][:4].numpy().tobytes(), g[i][4:].numpy().tobytes()] for i in range(2)] + [[g[2].numpy().tobytes()]]
+    replies = roundtrip(tmp_path, 24, rounds)
+    cfg = OptimConfig()
+    p = torch.zeros(6, requires_grad=True)
+    opt = torch.optim.SGD([p], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    for i in range(3):
+        p.grad = g[i].clone()
+        opt.step()
+        got = torch.frombuffer(bytearray(b"".join(replies[i])), dtype=torch.float32)
+        torch.testing.assert_close(got, p.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_bench_times_the_update_floor_next_to_the_echo(tmp_path):
+    """``floor=True``: a ps bench row set has the echo, the echo + SGD floor and the synchronizer, each
+    with positive times, for the one size asked."""
+    df = run_bench(1, [256 << 10], ["ps"], str(tmp_path / "b"), warmup=1, iters=3, servers=[1], floor=True,
+                   timeout_s=240)
+    assert sorted(df["strategy"]) == ["ps", "raw_zmq_echo", "raw_zmq_echo_sgd"]
+    assert (df["time_s"] > 0).all() and (df["size_bytes"] == (256 << 10)).all()
+    assert pd.read_csv(tmp_path / "b" / "bench.csv")["strategy"].nunique() == 3
