@@ -109,8 +109,10 @@ def cmd_worker(a) -> int:
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")
+    from .allocator import keep_freed_memory
     from .sync.process_group import exit_without_teardown
 
+    keep_freed_memory()
     exit_without_teardown(main_worker(cfg))
 
 

@@ -73,3 +73,14 @@ def test_bench_times_the_update_floor_next_to_the_echo(tmp_path):
     assert sorted(df["strategy"]) == ["ps", "raw_zmq_echo", "raw_zmq_echo_sgd"]
     assert (df["time_s"] > 0).all() and (df["size_bytes"] == (256 << 10)).all()
     assert pd.read_csv(tmp_path / "b" / "bench.csv")["strategy"].nunique() == 3
+
+
+def test_keep_freed_memory_applies_on_glibc_and_is_harmless_to_repeat():
+    """Where the C library is glibc, mallopt exists and accepts the settings, twice in a row; elsewhere
+    the call says it did nothing."""
+    import platform
+
+    from psring.allocator import keep_freed_memory
+
+    expect = platform.libc_ver()[0] == "glibc"
+    assert keep_freed_memory() is expect and keep_freed_memory() is expect

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import zmq
 from torch import nn
 
+from ..allocator import keep_freed_memory
 from ..config import OptimConfig
 from ..launch.children import Children
 from ..launch.launcher import start_listeners
@@ -125,6 +126,7 @@ def row(strategy: str, world: int, servers, size: int, times: list[float]) -> di
 
 
 def run(spec: dict) -> int:
+    keep_freed_memory()  # as psring worker does
     torch.set_num_threads(1)
     pg = init_process_group("gloo", spec.get("timeout_s", 300))
     rank, world, out = pg.rank, pg.world, Path(spec["out"])

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import zmq
 
+from ...allocator import keep_freed_memory
 from ...auth import secure_server
 from .optimizers import optim_header
 from .protocol import (
@@ -285,6 +286,7 @@ def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_t
                curve: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES) -> int:
     """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
+    keep_freed_memory()
     torch.set_num_threads(max(1, threads))
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes, curve,
