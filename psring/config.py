@@ -75,11 +75,11 @@ class TrainConfig:
     log_every: int = 10
     warmup: int = 3  # first steps left out of every summary figure
     trace: bool = False  # also write trace.json (Chrome trace format) at the end of the run
-    # gradient bucket size: allreduce 25 MB like DDP's bucket_cap_mb; ps 4 MB, because a bucket is also
-    # the server's pipelining unit (it updates and answers a bucket once all of it arrived): on emulated
-    # 1 Gbit links, 4 MB buckets cut PS sync time by a third against 25 MB (README, Performance)
+    # gradient bucket size: allreduce 25 MB like DDP's bucket_cap_mb; ps 4 MB, the largest chunk of a
+    # server's shard, because a chunk is also the server's pipelining unit (it updates and answers a chunk
+    # once all of it arrived): on emulated 1 Gbit links 4 MB cut PS sync time by a third against 25 MB
     bucket_mb: float | None = None
-    first_bucket_mb: float = 1.0  # smaller first bucket, so communication starts early in backward
+    first_bucket_mb: float = 1.0  # allreduce: smaller first bucket, so communication starts early in backward
     overlap: bool = True  # start each bucket's communication during backward
     frame_kb: int = 1024  # ps: pushed tensors are split over ZeroMQ frames of at most this size (0 = no split)
     # --- parameter-server semantics (--sync ps) ---

@@ -80,13 +80,13 @@ def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def format_table(df: pd.DataFrame) -> str:
-    head = (f"{'strategy':<14}{'N':>3}{'S':>3}{'size':>12}{'time ms':>11}{'algbw GB/s':>12}"
+    head = (f"{'strategy':<18}{'N':>3}{'S':>3}{'size':>12}{'time ms':>11}{'algbw GB/s':>12}"
             f"{'busbw GB/s':>12}{'efficiency':>12}")
     lines = [head, "-" * len(head)]
     for r in df.sort_values(["size_bytes", "strategy", "servers"]).to_dict("records"):
         s = "-" if pd.isna(r["servers"]) else int(r["servers"])
         eff = "" if pd.isna(r["efficiency"]) else f"{r['efficiency']:.2f}"
-        lines.append(f"{r['strategy']:<14}{r['workers']:>3}{s:>3}{r['size_bytes']:>12,d}{r['time_s'] * 1e3:>11.3f}"
+        lines.append(f"{r['strategy']:<18}{r['workers']:>3}{s:>3}{r['size_bytes']:>12,d}{r['time_s'] * 1e3:>11.3f}"
                      f"{r['algbw_GBps']:>12.3f}{r['busbw_GBps']:>12.3f}{eff:>12}")
     return "\n".join(lines)
 

@@ -7,8 +7,8 @@ Start one per shard with ``psring server`` (the launcher does this for local run
 
 Requests are handled one at a time in arrival order; a pull for a version not yet reached is parked and
 answered by the push that completes that version, and a pushpull's reply waits until its keys' update
-is done — then it carries their new values at once, so the shard streams back bucket by bucket while
-later buckets still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets an error reply and changes nothing,
+is done — then it carries their new values at once, so the shard streams back chunk by chunk while
+later chunks still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets an error reply and changes nothing,
 so the other workers are served on as if it never came.
 
 What "its keys' update is done" means is the consistency model's (``consistency``: BSP waits for all N
