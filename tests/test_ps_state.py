@@ -244,15 +244,17 @@ def train(sync, model, steps):
 
 
 @pytest.mark.parametrize("optim,design", [(ADAM, "server-optimizer"), (SGD, "server-optimizer"), (ADAM, "aggregate")])
-def test_pssync_state_dict_and_resume_continue_exactly(optim, design):
-    """One worker, two servers: 5 steps straight vs 3 steps, state_dict (saved and loaded with
-    weights_only=True), then a new PSSync on new servers resumed at step 3 from it (model loaded from the
-    first run's parameters) for steps 3-4: the same parameters bit for bit."""
+@pytest.mark.parametrize("servers,chunk_mb", [(2, 0.0001), (3, 0.00005), (1, 1.0)])
+def test_pssync_state_dict_and_resume_continue_exactly(optim, design, servers, chunk_mb):
+    """One worker, two servers, chunks of 26 elements (parameters split over chunks and servers): 5 steps
+    straight vs 3 steps, state_dict (saved and loaded with weights_only=True), then a new PSSync on new
+    servers resumed at step 3 from it (model loaded from the first run's parameters) for steps 3-4: the
+    same parameters bit for bit, also when the resumed run has another number of servers and another
+    chunking (state is kept per parameter, not per chunk)."""
     cfg = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", (0.9, 0.999)))})
 
-    def make(addrs):
-        return PSSync(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=0.0001,
-                      design=design)
+    def make(addrs, mb=0.0001):
+        return PSSync(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=mb, design=design)
 
     with live_server(1) as s0, live_server(1) as s1:
         sync = make([s0.address, s1.address])
@@ -276,14 +278,15 @@ def test_pssync_state_dict_and_resume_continue_exactly(optim, design):
     state = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
     assert len(state["servers"]) == 2 and ("optimizer" in state) == (design == "aggregate")
     assert all(srv["version"] == 3 for srv in state["servers"])
-    with live_server(1) as s0, live_server(1) as s1:
-        sync = make([s0.address, s1.address])
+    with contextlib.ExitStack() as stack:
+        live = [stack.enter_context(live_server(1)) for _ in range(servers)]
+        sync = make([srv.address for srv in live], chunk_mb)
         try:
             model = Tiny()
             model.load_state_dict(weights)
             sync.resume_from(state, 3)
             model = sync.attach(model)
-            assert sync.cur == 3 and s0.store.version == 3
+            assert sync.cur == 3 and all(srv.store.version == 3 for srv in live)
             train(sync, model, range(3, 5))
             got = model.state_dict()
         finally:
