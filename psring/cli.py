@@ -159,7 +159,8 @@ def cmd_sweep(a) -> int:
 
 
 BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
-                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None}
+                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None,
+                  "floor": False}
 
 
 def bench_settings(a) -> dict:
@@ -200,7 +201,8 @@ def cmd_bench(a) -> int:
         raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
     if b["model"] is not None and b["model"] not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
-    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"])
+    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
+              floor=bool(b["floor"]))
     return 0
 
 
@@ -258,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--chunk", help="frame size of the raw ZeroMQ echo (default 1M)")
     b.add_argument("--out", help="output directory (default results/bench)")
     b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
+    b.add_argument("--floor", action="store_const", const=True,
+                   help="ps: also time echo servers that run the SGD update (raw_zmq_echo_sgd), the PS's floor")
     b.set_defaults(func=cmd_bench)
 
     from .tools import add_tool_parsers

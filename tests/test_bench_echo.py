@@ -84,3 +84,13 @@ def test_keep_freed_memory_applies_on_glibc_and_is_harmless_to_repeat():
 
     expect = platform.libc_ver()[0] == "glibc"
     assert keep_freed_memory() is expect and keep_freed_memory() is expect
+
+
+def test_bench_cli_floor_flag_adds_the_floor_rows(psring, tmp_path):
+    """``psring bench --floor`` passes through: the CSV has raw_zmq_echo_sgd next to ps and its echo."""
+    out = tmp_path / "cli"
+    r = psring.run("bench", "--workers", "1", "--strategies", "ps", "--sizes", "64K", "--warmup", "0",
+                   "--iters", "2", "--floor", "--out", str(out), timeout=240)
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(out / "bench.csv")
+    assert set(df["strategy"]) == {"ps", "raw_zmq_echo", "raw_zmq_echo_sgd"}
