@@ -2,9 +2,9 @@
 
 With ``--update-bytes M`` it is instead the floor of a PS round trip on this machine: each frame is
 read as float32 gradients of the next part of an M-byte parameter vector (in arrival order, wrapping
-at M; zeros at start), torch's fused momentum-SGD kernel with the PS's default settings updates that part, and the message is answered with the
-updated parameters (zero-copy) — the transport plus the update, still with none of psring's logic
-(no header, no checks, no keys, no steps).
+at M; zeros at start), torch's fused momentum-SGD kernel with the PS's default settings updates that
+part, and the message is answered with the updated parameters (zero-copy) — the transport plus the
+update, still with none of psring's logic (no header, no checks, no keys, no steps).
 
 Run as ``python -m psring.bench.echo --port-file F``; exits on an empty message, SIGTERM, or when idle.
 """

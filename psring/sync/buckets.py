@@ -56,6 +56,14 @@ class Member:
     def whole(self) -> bool:
         return self.lo == 0 and self.hi == self.param.numel()
 
+    def in_bucket(self, flat: torch.Tensor) -> torch.Tensor:
+        """This member's part of a bucket-shaped 1-D tensor (the bucket's buffer, a reply, a state chunk)."""
+        return flat[self.at:self.at + self.hi - self.lo]
+
+    def in_param(self, t: torch.Tensor) -> torch.Tensor:
+        """This member's part of a parameter-shaped (contiguous) tensor, flattened."""
+        return t.view(-1)[self.lo:self.hi]
+
 
 @dataclass
 class Bucket:
@@ -85,24 +93,33 @@ def flat_layout(named_params) -> list[Space]:
     return list(spaces.values())
 
 
-def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
+def whole_param_ranges(spaces: list[list[int]], itemsizes: list[int], cap_bytes: int,
+                       first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
     """(space, start, end, group 0) per bucket: consecutive whole parameters, capped by bytes (a parameter
-    larger than the cap is a bucket of its own), the first bucket capped by ``first_cap_bytes``."""
+    larger than the cap is a bucket of its own), the first bucket capped by ``first_cap_bytes``.
+    ``spaces``: per dtype, the element counts of its parameters in layout order."""
     out = []
-    for s, sp in enumerate(layout):
-        start, size = None, 0
-        for _, p, off in sp.members:
-            nbytes = p.numel() * p.element_size()
+    for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
+        start = end = 0
+        for numel in sizes:
             cap = first_cap_bytes if not out else cap_bytes
-            if start is not None and size + nbytes > cap:
-                out.append((s, start, off, 0))
-                start, size = None, 0
-            if start is None:
-                start = off
-            size += nbytes
-        if start is not None:
-            out.append((s, start, sp.numel, 0))
+            if end > start and (end - start + numel) * itemsize > cap:
+                out.append((s, start, end, 0))
+                start = end
+            end += numel
+        if end > start:
+            out.append((s, start, end, 0))
     return out
+
+
+def space_sizes(layout: list[Space]) -> tuple[list[list[int]], list[int]]:
+    """(per space, its parameters' element counts in layout order; per space, its item size)."""
+    return [[p.numel() for _, p, _ in sp.members] for sp in layout], [sp.dtype.itemsize for sp in layout]
+
+
+def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
+    """``whole_param_ranges`` of a layout (all-reduce's buckets, as DDP cuts them)."""
+    return whole_param_ranges(*space_sizes(layout), cap_bytes, first_cap_bytes)
 
 
 class GradBuckets:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from ..buckets import whole_param_ranges
+
 
 def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
                 cap_bytes: int) -> list[tuple[int, int, int, int]]:
@@ -32,19 +34,12 @@ def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
     if servers > total:
         raise ValueError(f"{servers} servers for {total} parameter elements: some servers would own nothing; "
                          f"use --servers {total} or fewer")
+    if servers == 1:
+        return whole_param_ranges(spaces, itemsizes, cap_bytes, cap_bytes)
     out, i = [], 0
     for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
         numel = sum(sizes)
         if numel == 0:
-            continue
-        if servers == 1:
-            start = end = 0
-            for size in sizes:
-                if end > start and (end - start + size) * itemsize > cap_bytes:
-                    out.append((s, start, end, 0))
-                    start = end
-                end += size
-            out.append((s, start, end, 0))
             continue
         per_server = math.ceil(numel * itemsize / servers)
         n = min(numel, servers * max(1, math.ceil(per_server / max(cap_bytes, itemsize))))

@@ -36,7 +36,7 @@ from torch import nn
 
 from ...config import OptimConfig
 from ..base import Synchronizer, SyncStats, make_local_optimizer, timed_update
-from ..buckets import Bucket, GradBuckets, flat_layout
+from ..buckets import Bucket, GradBuckets, flat_layout, space_sizes
 from .client import PSClient
 from .consistency import check_semantics
 from .optimizers import optim_header
@@ -66,8 +66,7 @@ class PSSync(Synchronizer):
     def attach(self, model: nn.Module) -> nn.Module:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.layout = flat_layout(named)
-        chunks = plan_chunks([[p.numel() for _, p, _ in sp.members] for sp in self.layout],
-                             [sp.dtype.itemsize for sp in self.layout], len(self.addrs), self.cap)
+        chunks = plan_chunks(*space_sizes(self.layout), len(self.addrs), self.cap)
         self.buckets = GradBuckets(self.layout, chunks, self._on_ready, self.device)
         self.chunks: list[list[Bucket]] = [[] for _ in self.addrs]  # per server, in launch order
         for b in self.buckets.buckets:
@@ -112,7 +111,7 @@ class PSSync(Synchronizer):
             return []
         key, first = b.extra["key"], by_param[b.members[0].name]
         return [(f"{kind}/{key}", first[kind] if kind == "step" else
-                 torch.cat([by_param[m.name][kind].reshape(-1)[m.lo:m.hi] for m in b.members]))
+                 torch.cat([m.in_param(by_param[m.name][kind].contiguous()) for m in b.members]))
                 for kind in first]
 
     def _resume_point(self) -> tuple[int, dict[str, dict[str, torch.Tensor]]]:
@@ -168,7 +167,7 @@ class PSSync(Synchronizer):
                     if kind == "step":
                         dst.copy_(t)
                     else:
-                        dst.view(-1)[m.lo:m.hi].copy_(t.reshape(-1)[m.at:m.at + m.hi - m.lo])
+                        m.in_param(dst).copy_(m.in_bucket(t.reshape(-1)))
         return {"servers": servers, "opt_state": opt_state, **super().state_dict()}
 
     def _new_step(self) -> None:
@@ -207,11 +206,11 @@ class PSSync(Synchronizer):
         alias = alias and self.device.type == "cpu" and t.data_ptr() % t.element_size() == 0
         with torch.no_grad():
             for m in b.members:
-                src = t[m.at:m.at + m.hi - m.lo]
+                src = m.in_bucket(t)
                 if alias and m.whole:
                     m.param.data = src.view(m.param.shape)
                 else:
-                    m.param.data.view(-1)[m.lo:m.hi].copy_(src)
+                    m.in_param(m.param.data).copy_(src)
 
     def _reply(self, s: int, named: list, b: Bucket) -> None:
         """A pushpull's reply: the chunk's new values into the parameters, or (aggregate) the gradient
