@@ -41,5 +41,6 @@ def run_compare(out: str, steps: int | None = None) -> int:
     df = run_sweep(str(sweep), out, echo=True)
     print()
     print(format_table(df))
-    print(f"\nspeedup = samples/s relative to N=1 (warm-up steps excluded); runs in {out}/")
+    print(f"\nspeedup = samples/s over none at N=1, one worker without communication (warm-up steps "
+          f"excluded); runs in {out}/")
     return 0 if (df["status"] == "ok").all() else 1

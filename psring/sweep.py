@@ -12,6 +12,14 @@ Keys are ``psring train`` option names with ``_`` (``batch_size``, ``lr``, ...).
 means as many servers as workers; ``servers`` only applies to ``ps`` (other strategies get one run).
 Finished runs (``runs/ID/summary.json`` with the same config) are skipped when the sweep is run again;
 a failed run is recorded with its reason and the sweep goes on.
+
+Every run's ``speedup`` is its samples/s over the one of a single worker that trains alone without
+communication (``sync = "none"``, ``workers = 1``) with the same settings except those of
+``BASELINE_FREE`` (communication, straggler, resume). A sweep that lacks that baseline gets it: one
+``none`` N=1 run per distinct combination of the other settings is added to the sweep (run first; it
+shows up in the run list like any run), with the ``BASELINE_FREE`` settings left at their defaults. So
+an emulated-network sweep's baseline runs on loopback and needs no root: a lone ``none`` worker never
+sends a byte, and a network it never used must not slow or name it.
 """
 from __future__ import annotations
 
@@ -30,10 +38,22 @@ from .config import ConfigError, OptimConfig, TrainConfig
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
 CONFIG_KEYS = ({f.name for f in dataclasses.fields(TrainConfig)} - {"optim", "out", "ps_addrs"}) | OPTIM_KEYS
 ID_KEYS = ["sync", "workers", "servers"]  # first in a run's id, the rest alphabetically
+# Communication settings: how gradients travel, not what is trained. bucket_mb even defaults per strategy
+# (ps 4 MB, allreduce 25), so no run could share it with its baseline.
+COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness",
+                       "ps_design", "curve", "net", "link_rate", "server_link_rate", "link_delay", "backend",
+                       "timeout_s"})
+# What a baseline does not share with the runs it is the baseline of: communication; the straggler, one
+# slow machine of the N whose cost the speedup is to show (and rank 1 does not exist at N=1); and resume,
+# another run's checkpoint. Every other setting (model, data, compute, optimizer, threads, steps, seed,
+# ...) must be equal: they change what one worker computes, so they change the baseline.
+BASELINE_FREE = COMM_KEYS | {"straggler", "resume"}
+MATCHED_KEYS = CONFIG_KEYS - BASELINE_FREE - set(ID_KEYS)
 
 
 def load_sweep(path: Path) -> tuple[dict, list[dict]]:
-    """``(meta, runs)``: the [sweep] table and the list of resolved per-run settings (deduplicated)."""
+    """``(meta, runs)``: the [sweep] table and the list of resolved per-run settings (deduplicated),
+    led by the baseline runs the sweep lacks (``missing_baselines``), so every speedup is known early."""
     try:
         doc = tomllib.loads(Path(path).read_text())
     except OSError as e:
@@ -60,13 +80,46 @@ def load_sweep(path: Path) -> tuple[dict, list[dict]]:
             if ident not in seen:
                 seen.add(ident)
                 runs.append(run)
-    return doc.get("sweep", {}), runs
+    return doc.get("sweep", {}), missing_baselines(runs) + runs
+
+
+def _setting(run: dict, k: str):
+    """A run's value of setting ``k``: as the sweep gives it, else TrainConfig's default."""
+    if k in run:
+        return run[k]
+    d = TrainConfig()
+    return getattr(d.optim if k in OPTIM_KEYS else d, k, None)
+
+
+def is_baseline(run: dict) -> bool:
+    return _setting(run, "sync") == "none" and _setting(run, "workers") == 1
+
+
+def missing_baselines(runs: list[dict]) -> list[dict]:
+    """The ``none`` N=1 runs that ``runs`` lack: one per combination of the MATCHED_KEYS settings that
+    no baseline among ``runs`` has, with the BASELINE_FREE settings dropped (their defaults apply)."""
+    def matched(run: dict) -> str:
+        return json.dumps({k: _setting(run, k) for k in sorted(MATCHED_KEYS)})
+
+    have = {matched(r) for r in runs if is_baseline(r)}
+    added = []
+    for r in runs:
+        if matched(r) not in have:
+            have.add(matched(r))
+            added.append({**{k: v for k, v in r.items() if k in MATCHED_KEYS},
+                          "sync": "none", "workers": 1, "servers": 1})
+    return added
 
 
 def varying_keys(runs: list[dict]) -> list[str]:
-    """The settings that name a run: sync, workers, servers, and whatever else differs between runs."""
+    """The settings that name a run: sync, workers, servers, and whatever else differs between runs. A
+    baseline's BASELINE_FREE settings do not count: they leave it unchanged, and a sweep that gets a
+    baseline added keeps the run ids it had (so finished runs are still found)."""
+    def counts(k: str, r: dict) -> bool:
+        return k not in BASELINE_FREE or not is_baseline(r)
+
     keys = {k for r in runs for k in r}
-    varying = {k for k in keys if len({json.dumps(r.get(k)) for r in runs}) > 1}
+    varying = {k for k in keys if len({json.dumps(r.get(k)) for r in runs if counts(k, r)}) > 1}
     return [k for k in ID_KEYS] + sorted(varying - set(ID_KEYS))
 
 
@@ -80,8 +133,10 @@ def _resolve_servers(run: dict) -> dict:
 
 
 def run_id(run: dict, keys: list[str]) -> str:
-    d = TrainConfig()
-    return "_".join(f"{k}-{run.get(k, getattr(d.optim if k in OPTIM_KEYS else d, k, None))}" for k in keys)
+    # a baseline is not named after a BASELINE_FREE setting it does not set (e.g. link_rate-1gbit for a
+    # run on loopback); one that sets it keeps it, so baselines that differ only there stay apart
+    keys = [k for k in keys if k in run or k not in BASELINE_FREE or not is_baseline(run)]
+    return "_".join(f"{k}-{_setting(run, k)}" for k in keys)
 
 
 def make_config(run: dict, out: Path) -> TrainConfig:
@@ -109,31 +164,35 @@ def flat_config(cfg: TrainConfig) -> dict:
     return d
 
 
-def _key(v) -> str:
+def setting_text(v) -> str:
     """A setting as comparable text; unset (None, or NaN once read back from CSV) is ''. (pandas 3 keeps
     NaN missing under ``astype(str)``, so NaN never equals NaN there.)"""
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
+def baseline_of(df: pd.DataFrame) -> pd.Series:
+    """For every row of a run table, the index label of its baseline row: the first ``ok`` run of ``none``
+    with one worker whose MATCHED_KEYS columns (those the table has) equal the row's; None where none do."""
+    if df.empty:
+        return pd.Series(None, index=df.index, dtype=object)
+    cols = [c for c in df.columns if c in MATCHED_KEYS]
+    key = df[cols].apply(lambda r: json.dumps([setting_text(v) for v in r]), axis=1) if cols else \
+        pd.Series("", index=df.index)
+    ok = df["status"] == "ok" if "status" in df else pd.Series(True, index=df.index)
+    base = key[ok & (df["sync"] == "none") & (df["workers"] == 1)]
+    first = {k: i for i, k in reversed(list(base.items()))}  # reversed: the first row wins
+    return pd.Series([first.get(k) for k in key], index=df.index, dtype=object)  # object: labels stay labels
+
+
 def add_scaling(df: pd.DataFrame) -> pd.DataFrame:
-    """speedup = samples/s over the N=1 run of the same sweep with the same other settings (``none`` if
-    the sweep has it, else the same strategy); efficiency = speedup / N."""
-    # communication settings do not change a run without communication (the none baseline), and some
-    # default per strategy (ps buckets are 4 MB, allreduce's 25): they must not keep rows from their base
-    comm = {"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness", "ps_design", "curve"}
-    cfg_cols = [c for c in df.columns if c in CONFIG_KEYS and c not in {"sync", "workers", "servers", "seed", *comm}]
+    """speedup = samples/s over the run's baseline (``baseline_of``: ``none`` at N=1, same settings but
+    for BASELINE_FREE), the same reference for every strategy; NaN without one, never another run;
+    efficiency = speedup / N."""
     df = df.copy()
-    df["speedup"] = float("nan")
-    ok = df[(df["status"] == "ok") & (df["workers"] == 1)]
-    for i, row in df[df["status"] == "ok"].iterrows():
-        same = ok
-        for c in cfg_cols:
-            same = same[same[c].map(_key) == _key(row[c])]
-        base = same[same["sync"] == "none"]
-        if base.empty:
-            base = same[same["sync"] == row["sync"]]
-        if not base.empty:
-            df.loc[i, "speedup"] = row["samples_per_s"] / base["samples_per_s"].iloc[0]
+    sps = pd.to_numeric(df["samples_per_s"], errors="coerce") if "samples_per_s" in df else \
+        pd.Series(float("nan"), index=df.index)
+    base = pd.Series([float("nan") if i is None else sps.loc[i] for i in baseline_of(df)], index=df.index)
+    df["speedup"] = (sps / base).where(df["status"] == "ok")
     df["efficiency"] = df["speedup"] / df["workers"]
     return df
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import PHASE_COLORS, is_num, new_figure, setting_key, varying
+from .common import PHASE_COLORS, is_num, new_figure, setting_key, spread_baselines, varying
 from .speedup import ORDER
 
 PS_PARTS = ["push", "wait", "pull"]
@@ -72,7 +72,9 @@ def draw_breakdown(ax, table: pd.DataFrame, legend: bool = True) -> None:
 
 
 def figure_breakdown(runs: pd.DataFrame, title: str | None = None):
-    """Stacked bars per run; one panel per value of any other setting that varies (e.g. link rate)."""
+    """Stacked bars per run; one panel per value of any other setting that varies (e.g. link rate), each
+    with its runs' baseline (none at N = 1)."""
+    runs = spread_baselines(runs)
     vary = varying(runs)
     groups = sorted(runs.groupby(vary), key=lambda kv: [setting_key(v) for v in np.atleast_1d(kv[0])]) \
         if vary else [((), runs)]

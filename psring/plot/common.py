@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..costmodel import Link, load_calibration
+from ..sweep import BASELINE_FREE, baseline_of, setting_text
 
 FORMATS = ("png", "svg")
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "sync": "tab:red",
@@ -153,3 +154,27 @@ def gradient_bytes(runs: pd.DataFrame) -> float | None:
         return float(r["bytes_sent_per_step"]) * r["workers"] / (2 * (r["workers"] - 1))
     ps = runs[(runs["sync"] == "ps") & runs["bytes_sent_per_step"].map(is_num)]
     return float(ps["bytes_sent_per_step"].min()) if not ps.empty else None
+
+
+def spread_baselines(runs: pd.DataFrame) -> pd.DataFrame:
+    """The run table with each baseline (``none`` at N = 1, see ``sweep.baseline_of``) in every panel of
+    the runs it is the baseline of: a copy per combination of their BASELINE_FREE settings that panels
+    split on (e.g. link_rate), carrying them, since a lone ``none`` worker is the same run under any.
+    Otherwise an added baseline (on loopback, default link rate) would open a panel of its own. Baseline
+    rows that are someone's baseline give way to their copies; the others stay as they are."""
+    free = [c for c in runs.columns if c in BASELINE_FREE and c in CONFIG_HINTS]
+    base_of = baseline_of(runs)
+    is_base = (runs["sync"] == "none") & (runs["workers"] == 1)
+    copies, seen = [], set()
+    for i, b in base_of[~is_base].items():
+        key = (b, tuple(setting_text(runs.at[i, c]) for c in free))
+        if b is None or key in seen:
+            continue
+        seen.add(key)
+        copy = runs.loc[[b]].copy()  # a one-row frame keeps the columns' dtypes
+        copy[free] = runs.loc[[i], free].to_numpy()
+        copies.append(copy)
+    used = {b for b, _ in seen}
+    kept = runs[~(is_base & base_of.map(lambda b: b in used))]
+    return pd.concat([kept, *copies], ignore_index=True) if copies else runs
+

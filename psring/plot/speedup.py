@@ -1,5 +1,6 @@
 """Speedup vs number of workers N: measured (a sweep's ``runs.csv``), ideal linear, and the alpha-beta
-cost model's prediction; and the median sync time per step next to the model's sync time."""
+cost model's prediction; and the median sync time per step next to the model's sync time. Every speedup
+is over one worker without communication (``none`` at N = 1)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -8,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from ..costmodel import STRATEGIES, Link, predicted_speedup
+from ..sweep import baseline_of
 from .common import (
     PS_COLORS,
     SERIES_COLORS,
@@ -16,6 +18,7 @@ from .common import (
     is_num,
     new_figure,
     setting_key,
+    spread_baselines,
     varying,
 )
 
@@ -79,18 +82,16 @@ def split_series(runs: pd.DataFrame) -> list[Series]:
 
 
 def compute_time(runs: pd.DataFrame, series: Series) -> float | None:
-    """Compute per step: forward + backward + update medians of the N = 1 ``none`` run with the same
-    settings (else the series' own N = 1 run): what one worker does without synchronizing."""
-    same = runs[runs["workers"] == 1]
-    for k, v in series.settings.items():
-        same = same[same[k].astype(str) == str(v)]
-    for cand in (same[same["sync"] == "none"], series.rows[series.rows["workers"] == 1]):
-        if not cand.empty:
-            r = cand.iloc[0]
-            parts = [r.get(c) for c in ("forward_s_p50", "backward_s_p50", "update_s_p50")]
-            if all(is_num(p) for p in parts):
-                return float(sum(parts))
-    return None
+    """Compute per step: forward + backward + update medians of the series' baseline in ``runs`` (``none``
+    at N = 1 with the same settings but communication ones, ``sweep.baseline_of``), what one worker does
+    without synchronizing; None without one (never the series' own N = 1 run, which may synchronize)."""
+    if series.rows.empty:
+        return None
+    b = baseline_of(runs).get(series.rows.index[0])
+    if b is None:
+        return None
+    parts = [runs.loc[b].get(c) for c in ("forward_s_p50", "backward_s_p50", "update_s_p50")]
+    return float(sum(parts)) if all(is_num(p) for p in parts) else None
 
 
 def series_link(series: Series, calibration: Link | None) -> tuple[Link | None, Link | None]:
@@ -147,7 +148,7 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
         a.set_xlabel("workers N")
         a.set_xticks(ns)
         a.grid(alpha=0.3)
-    ax.set_ylabel("speedup (samples/s over the N = 1 baseline)")
+    ax.set_ylabel("speedup over one worker without communication (none, N=1)")
     ax.set_ylim(0, max(max(ns), float(runs["speedup"].max()) * 1.1) * 1.05)
     ax.legend(fontsize=8, loc="upper left")
     ax2.set_ylabel("sync time per step, median (ms)")
@@ -159,7 +160,8 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
 def figure_speedup(runs: pd.DataFrame, calibration: Link | None = None, title: str | None = None,
                    calibration_note: str = ""):
     """Speedup and sync time vs N side by side; one row of panels per value of any other setting that
-    varies in the sweep (e.g. the link rate)."""
+    varies in the sweep (e.g. the link rate), each with its runs' baseline."""
+    runs = spread_baselines(runs)
     vary = varying(runs)
     groups = sorted(runs.groupby(vary), key=lambda kv: [setting_key(v) for v in np.atleast_1d(kv[0])]) \
         if vary else [((), runs)]
