@@ -59,7 +59,8 @@ workers = 1
 BENCH_N = 2
 BENCH_SIZES = [4096, 65536]
 RUNS_CSV_COLUMNS = ["run_id", "sync", "workers", "servers", "status", "error", "samples_per_s", "step_s_p50",
-                    "step_s_p90", "step_s_p99", "share_sync", "bytes_sent_per_step", "speedup", "efficiency"]
+                    "step_s_p90", "step_s_p99", "share_sync", "bytes_sent_per_step", "speedup", "efficiency",
+                    "cpu_util", "cpu_saturated"]
 
 
 class Jobs:
@@ -208,7 +209,11 @@ def test_sweep_runs_every_unique_configuration(jobs):
         assert row["step_s_p50"] <= row["step_s_p90"] <= row["step_s_p99"]
         assert 0 <= row["share_sync"] <= 1
         assert (row["bytes_sent_per_step"] == 0) == (row["sync"] == "none")
+        if not pd.isna(row["cpu_util"]):  # None where the timed steps took less than a jiffy (10 ms)
+            assert 0 <= row["cpu_util"] <= 1 and row["cpu_saturated"] == (row["cpu_util"] >= 0.9), row
+    assert df["cpu_util"].notna().any()
 
+    # every strategy's speedup is over the one none N=1 run (this sweep has it, so none was added)
     base = df[(df["sync"] == "none") & (df["workers"] == 1)]
     assert len(base) == 1 and base["speedup"].iloc[0] == 1.0
     assert df["speedup"].notna().all()

@@ -1,5 +1,10 @@
 """Per-step records: one JSON object per worker per step, appended and flushed line by line, so a run
-that dies keeps every step it finished."""
+that dies keeps every step it finished.
+
+``StepLog`` stamps every record with the machine's CPU time as it writes it, i.e. at the end of the step
+(``cpu_busy``, ``cpu_total``: jiffies of all cores, ``metrics/cpu.py``; None without /proc/stat). The
+sample taken when the log opens goes into the first record as ``cpu_busy0``/``cpu_total0`` rather than a
+line of its own, so that every line stays a step: that is where the first step's interval starts."""
 from __future__ import annotations
 
 import json
@@ -8,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from .cpu import cpu_times
 
 
 @dataclass
@@ -47,9 +54,16 @@ class StepLog:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "w", buffering=1)
+        self.opened = cpu_times()  # where the first step's CPU interval starts
+        self.first = True
 
     def write(self, rec: StepRecord) -> None:
-        self.f.write(json.dumps(rec.to_json()) + "\n")
+        d = rec.to_json()
+        if self.first:
+            d["cpu_busy0"], d["cpu_total0"] = self.opened or (None, None)
+            self.first = False
+        d["cpu_busy"], d["cpu_total"] = cpu_times() or (None, None)
+        self.f.write(json.dumps(d) + "\n")
 
     def close(self) -> None:
         self.f.close()

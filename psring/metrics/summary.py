@@ -2,6 +2,8 @@
 
 Warm-up steps (the first ``warmup``) are left out of every figure except ``first_loss``/``final_loss``.
 A step's wall time is the slowest worker's ``step_s`` (a synchronous step ends when its last worker does).
+``cpu_util`` is the machine's CPU utilisation (all cores) over the timed steps, from rank 0's records:
+from the end of the last warm-up step (or the log's opening) to the end of the last timed step.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .cpu import SATURATED, utilisation
 from .jsonl import read_jsonl
 
 PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
@@ -52,6 +55,8 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
         out[f"{ph}_p50"] = _num(col.median()) if ok else None
         out[f"share_{ph[:-2]}"] = _num(col.sum() / step_total) if ok and step_total > 0 else None
     out["sync_share"] = out["share_sync"]
+    out["cpu_util"] = _num(cpu_utilisation(steps, timed_ids))
+    out["cpu_saturated"] = None if out["cpu_util"] is None else out["cpu_util"] >= SATURATED
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
     for k in ("wire_tx_bytes", "wire_rx_bytes"):  # counted by the kernel per worker (--net emulated)
@@ -74,6 +79,26 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["best_test_acc"] = _num(acc["test_acc"].max()) if len(acc) else None
     out["epochs_evaluated"] = len(acc)
     return out
+
+
+def cpu_utilisation(steps: pd.DataFrame, timed_ids: list) -> float | None:
+    """Rank 0's Δbusy / Δtotal from the end of the step before the first timed one (the log's opening
+    sample where there is none) to the end of the last timed step; None without the samples."""
+    if "cpu_busy" not in steps or not timed_ids:
+        return None
+    r0 = steps[steps["rank"] == 0].set_index("step").sort_index()
+    before = r0[r0.index < min(timed_ids)]
+    if len(before):
+        start = before.iloc[-1][["cpu_busy", "cpu_total"]]
+    elif "cpu_busy0" in r0 and len(r0):
+        start = r0.iloc[0][["cpu_busy0", "cpu_total0"]]
+    else:
+        return None
+    if max(timed_ids) not in r0.index:
+        return None
+    end = r0.loc[max(timed_ids), ["cpu_busy", "cpu_total"]]
+    pairs = [tuple(pd.to_numeric(x, errors="coerce")) for x in (start, end)]
+    return None if any(pd.isna(v) for p in pairs for v in p) else utilisation(*pairs)
 
 
 def staleness_summary(servers: pd.DataFrame) -> dict:

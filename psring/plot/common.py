@@ -24,6 +24,7 @@ IDENTITY = {"run_id", "sync", "workers", "servers", "seed", "out", "status", "er
 CONFIG_HINTS = {"model", "dataset", "num_samples", "batch_size", "steps", "augment", "threads", "backend",
                 "net", "link_rate", "server_link_rate", "link_delay", "compute", "straggler", "lr",
                 "momentum", "weight_decay", "partition"}
+HOLLOW_NOTE = "hollow: CPU-saturated (≥ 90% of all cores)"
 
 
 def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
@@ -178,3 +179,25 @@ def spread_baselines(runs: pd.DataFrame) -> pd.DataFrame:
     kept = runs[~(is_base & base_of.map(lambda b: b in used))]
     return pd.concat([kept, *copies], ignore_index=True) if copies else runs
 
+
+def saturated(rows: pd.DataFrame) -> list[bool]:
+    """Per row: did the run saturate the machine's CPU (``cpu_saturated``; False where not recorded)?"""
+    if "cpu_saturated" not in rows:
+        return [False] * len(rows)
+    return [str(v).lower() in ("true", "1", "1.0") for v in rows["cpu_saturated"]]  # bool, or CSV text
+
+
+def plot_measured(ax, x, y, sat: list[bool], color, label: str) -> None:
+    """A measured line with a marker per run: filled, or hollow (same edge colour) where ``sat``."""
+    x, y = list(x), list(y)
+    if not any(sat):
+        ax.plot(x, y, marker="o", color=color, label=label)
+        return
+    ax.plot(x, y, marker="o", color=color, label=label, markevery=[not s for s in sat])
+    ax.plot([a for a, s in zip(x, sat) if s], [b for b, s in zip(y, sat) if s], linestyle="none",
+            marker="o", markerfacecolor="none", markeredgecolor=color)
+
+
+def note_hollow(ax) -> None:
+    ax.plot([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.3",
+            label=HOLLOW_NOTE)

@@ -1,6 +1,7 @@
 """Speedup vs number of workers N: measured (a sweep's ``runs.csv``), ideal linear, and the alpha-beta
 cost model's prediction; and the median sync time per step next to the model's sync time. Every speedup
-is over one worker without communication (``none`` at N = 1)."""
+is over one worker without communication (``none`` at N = 1); a run whose machine's CPU was saturated
+(``cpu_saturated``) is drawn as a hollow marker."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,6 +18,9 @@ from .common import (
     gradient_bytes,
     is_num,
     new_figure,
+    note_hollow,
+    plot_measured,
+    saturated,
     setting_key,
     spread_baselines,
     varying,
@@ -121,10 +125,11 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
     for s in split_series(runs):
         color = color_of(s, i_ps)
         i_ps += s.sync == "ps"
-        ax.plot(s.rows["workers"], s.rows["speedup"], marker="o", color=color, label=f"{s.label} (measured)")
+        sat = saturated(s.rows)
+        plot_measured(ax, s.rows["workers"], s.rows["speedup"], sat, color, f"{s.label} (measured)")
         if s.sync != "none":
             ms = s.rows["sync_s_p50"].astype(float) * 1e3
-            ax2.plot(s.rows["workers"], ms, marker="o", color=color, label=f"{s.label} (measured)")
+            plot_measured(ax2, s.rows["workers"], ms, sat, color, f"{s.label} (measured)")
         link, server_link = series_link(s, calibration)
         c = compute_time(runs, s)
         if s.sync in MODEL_OF and link is not None and c and m_bytes:
@@ -144,6 +149,8 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
     else:
         why = "no calibration.json" if calibration is None else "M or compute time unknown"
         ax.plot([], [], " ", label=f"cost model omitted: {why}")
+    if any(saturated(runs)):
+        note_hollow(ax)
     for a in (ax, ax2):
         a.set_xlabel("workers N")
         a.set_xticks(ns)
