@@ -98,7 +98,7 @@ class TrainConfig:
     server_link_rate: str | None = None  # --net emulated: PS servers' links, if different
     link_delay: str | None = None  # --net emulated: one-way delay (needs sch_netem)
     compute: str = "real"  # real | emulated | emulated:MS (forward+backward replaced by a wait)
-    out: str = "runs/latest"
+    out: str = "runs/latest"  # psring train without --out: a new runs/DATE-TIME-SYNC-nN (launch/outdir.py)
     ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
 
     @property
@@ -241,7 +241,10 @@ class TrainConfig:
         return cls(**d)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Raises ``fileio.WriteError`` naming the cause (a full disk, ...); an earlier file stays whole."""
+        from .fileio import write_atomic
+
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> TrainConfig:

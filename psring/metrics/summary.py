@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..fileio import WriteError, describe, write_atomic
 from .cpu import SATURATED, utilisation
 from .jsonl import read_jsonl
 
@@ -132,16 +133,18 @@ def finalize_run(out: Path, config: dict) -> dict:
     for f in sorted((out / "ranks").glob("rank*.jsonl")):
         records += read_jsonl(f)
     records.sort(key=lambda r: (r["step"], r["rank"]))
-    with open(out / "steps.jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
+    # whole or not at all (a full disk: WriteError naming it; an earlier steps.jsonl stays as it was)
+    write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     warmup = min(config.get("warmup", 3), max(0, config["steps"] - 1))
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
     summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.rename(out / "summary.json")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     if config.get("trace"):
         from .trace import write_trace
 
-        write_trace(out)
+        try:
+            write_trace(out)
+        except OSError as e:
+            (out / "trace.json").unlink(missing_ok=True)  # not half a trace
+            raise WriteError(describe(e, out / "trace.json")) from None
     return summary

@@ -4,8 +4,11 @@ Rank 0 writes ``OUT/checkpoint/checkpoint.pt`` after every K-th step: the step, 
 (parameters and buffers), the synchronizer's state (a local optimizer's, or every PS server's shard and
 optimizer state, fetched from the servers) and the run's settings. It is written to a temporary file
 and renamed over the previous one, so a run killed at any moment leaves either the old or the new
-checkpoint, never half of one. Loading uses ``torch.load(weights_only=True)``: tensors and plain values
-only, no pickled code.
+checkpoint, never half of one. The one before it stays as ``previous.pt``: rank 0 writes a checkpoint
+as soon as its own step is done, so another worker killed at that moment may not have logged that step
+yet; the launcher's restart (``--max-restarts``) then resumes from the previous one, and the run's
+records still hold every step once per worker. Loading uses ``torch.load(weights_only=True)``: tensors
+and plain values only, no pickled code.
 
 Resuming a BSP run continues bit for bit: the data order and augmentation are functions of the step,
 and the optimizer state is restored with the parameters. (Under SSP/ASP, a checkpoint is the servers'
@@ -13,13 +16,14 @@ state at that moment, which is all that exists; the run continues from it, not i
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import torch
 
-FOLDER, FILE = "checkpoint", "checkpoint.pt"
+from ..fileio import torch_save_atomic
+
+FOLDER, FILE, PREVIOUS = "checkpoint", "checkpoint.pt", "previous.pt"
 MUST_MATCH = ("sync", "workers", "servers", "model", "ps_design", "consistency")
 
 
@@ -30,21 +34,20 @@ class CheckpointError(ValueError):
 def path_of(where: str | Path) -> Path:
     """``where`` may be a run folder, its ``checkpoint/`` folder, or the file itself."""
     p = Path(where)
-    for cand in (p, p / FILE, p / FOLDER / FILE):
+    # previous.pt alone: a run killed between the two renames of a save (the newest is then still a .tmp)
+    for cand in (p, p / FILE, p / FOLDER / FILE, p / PREVIOUS, p / FOLDER / PREVIOUS):
         if cand.is_file():
             return cand
     raise CheckpointError(f"no checkpoint in {where} (runs write one with --checkpoint-every K)")
 
 
 def save(out: Path, step: int, model: torch.nn.Module, sync_state: dict, config: dict) -> Path:
+    """Raises ``fileio.WriteError`` (a full disk, ...) with the earlier checkpoints intact."""
     folder = Path(out) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
-    final = folder / FILE
-    tmp = folder / f"{FILE}.tmp{os.getpid()}"
-    torch.save({"step": step, "time": time.time(), "model": model.state_dict(), "sync": sync_state,
-                "config": {k: config.get(k) for k in MUST_MATCH}}, tmp)
-    os.replace(tmp, final)  # atomic on POSIX: readers see the old or the new file
-    return final
+    state = {"step": step, "time": time.time(), "model": model.state_dict(), "sync": sync_state,
+             "config": {k: config.get(k) for k in MUST_MATCH}}
+    return torch_save_atomic(state, folder / FILE, keep_previous=folder / PREVIOUS)
 
 
 def load(where: str | Path) -> dict:
@@ -74,3 +77,15 @@ def last_step(out: Path) -> int | None:
         return int(load(out)["step"])
     except CheckpointError:
         return None
+
+
+def saved(out: Path) -> list[tuple[int, Path]]:
+    """``(step, file)`` of every readable checkpoint in run folder ``out``, the newest first."""
+    found = []
+    for f in (Path(out) / FOLDER / FILE, Path(out) / FOLDER / PREVIOUS):
+        if f.is_file():
+            try:
+                found.append((int(load(f)["step"]), f))
+            except CheckpointError:
+                continue  # torn by something other than psring: the other one may still do
+    return sorted(found, reverse=True)

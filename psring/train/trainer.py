@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TrainConfig
+from ..fileio import CAUSES, describe, torch_save_atomic
 from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
@@ -115,9 +116,7 @@ def print_step(rec: StepRecord, cfg: TrainConfig) -> None:
 
 
 def save_model(model: torch.nn.Module, path: Path) -> None:
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    tmp.rename(path)
+    torch_save_atomic(model.state_dict(), path)  # a full disk: WriteError naming it, no model.pt.tmp left
 
 
 def main_worker(cfg: TrainConfig) -> int:
@@ -128,9 +127,14 @@ def main_worker(cfg: TrainConfig) -> int:
     except Exception as e:  # noqa: BLE001 - turned into one line for the launcher, full traceback in the log
         import traceback
 
-        traceback.print_exc()
+        try:
+            traceback.print_exc()
+        except OSError:
+            pass  # a full disk holding the log: the one line below may still fit, or the launcher says why
         rank = os.environ.get("RANK", "0")
-        print(f"psring worker {rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # a full disk while appending records (no file named): say so, and where
+        what = describe(e, e.filename or cfg.out) if isinstance(e, OSError) and e.errno in CAUSES else e
+        print(f"psring worker {rank}: error: {type(e).__name__}: {what}", file=sys.stderr, flush=True)
         return 1
     if os.environ.get("PSRING_LAUNCHER") is None and env_rank()[0] == 0:
         from ..metrics.summary import finalize_run
