@@ -1,0 +1,139 @@
+"""Will a run fit on this machine? Checked before anything starts, from measured per-process footprints.
+
+Every worker and server is a process of its own that imports torch, so a run's memory is about the sum
+of its processes' private memory, plus torch's shared libraries once (the page cache shares them). That
+sum is compared with the memory available now (MemAvailable, and a cgroup's limit where one is set). A
+run that cannot fit is refused with the largest N and S that would (exit 2; ``--force`` starts it
+anyway); one with many more processes than cores only gets a warning: the project's own emulated sweeps
+run N = 8 workers and S = 8 servers on 2 cores, and they measure links, not the cores.
+
+The figures: peak RssAnon per process (MiB), measured 2026-12-01 on this project's machine (2 cores,
+24 GiB, no GPU, torch 2.13 CPU) with ``python benchmarks/footprint.py --steps 2`` (and
+``--models ''`` for the bench's processes); rerun it where torch or the models change.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from ..config import ConfigError, TrainConfig
+
+MiB = 1 << 20
+MODEL_BYTES = {"cnn": 2_180_392, "resnet18_narrow": 11_190_440, "resnet18": 44_695_848}  # parameters, float32
+# model: (worker at batch 32, each further sample; the larger of allreduce's and ps's worker, N=2)
+WORKER_MIB = {"cnn": (245.1, 0.76), "resnet18_narrow": (380.7, 4.24), "resnet18": (647.7, 5.41)}
+# model: (server base, bytes per byte of the server's shard: from S=1 and S=2 at N=2)
+SERVER = {"cnn": (145.2, 5.03), "resnet18_narrow": (151.1, 3.44), "resnet18": (145.2, 4.00)}
+SHARED_FILES_MIB = 106.5  # the largest RssFile seen: torch's libraries, counted once per machine
+# the bench's processes: (base, bytes per byte of message; SGD echo: per byte of parameters it updates)
+BENCH_WORKER, ECHO, SGD_ECHO = (238.3, 7.66), (8.2, 0.63), (144.1, 4.64)
+BENCH_SERVER = (max(b for b, _ in SERVER.values()), max(k for _, k in SERVER.values()))
+OVERSUBSCRIBED = 4  # processes per core above which a run gets a warning
+
+
+def model_bytes(model: str) -> int:
+    """From the table (building ResNet-18 to count would cost every launch a few hundred ms)."""
+    if model in MODEL_BYTES:
+        return MODEL_BYTES[model]
+    from ..train.models import build_model
+
+    return sum(p.numel() * 4 for p in build_model(model, 0).parameters())
+
+
+def available_bytes() -> int | None:
+    """Memory that can be used now: MemAvailable, capped by this cgroup's (v2) limit; None if unknown."""
+    try:
+        info = dict(line.split(":", 1) for line in open("/proc/meminfo").read().splitlines())
+        avail = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        if limit != "max":
+            avail = min(avail, int(limit) - int(open("/sys/fs/cgroup/memory.current").read()))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def plural(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / MiB:.0f} MiB"
+
+
+class Footprint:
+    """A run's memory: ``need(n, s)`` bytes for n workers and s servers of one model and batch."""
+
+    def __init__(self, model: str, batch_size: int):
+        # a model not measured yet: the largest figures measured, rather than none
+        base, per_sample = WORKER_MIB.get(model, max(WORKER_MIB.values()))
+        self.model, self.nbytes = model, model_bytes(model)
+        self.worker = (base + per_sample * max(0, batch_size - 32)) * MiB  # below 32: as at 32
+        server_base, self.per_byte = SERVER.get(model, BENCH_SERVER)
+        self.server_base = server_base * MiB
+
+    def servers(self, s: int) -> float:
+        return s * self.server_base + (self.per_byte * self.nbytes if s else 0)  # the shards add up to the model
+
+    def need(self, n: int, s: int) -> float:
+        return SHARED_FILES_MIB * MiB + n * self.worker + self.servers(s)
+
+    def max_workers(self, avail: float, s: int) -> int:
+        return int((avail - self.need(0, s)) // self.worker)
+
+    def max_servers(self, avail: float, n: int) -> int:
+        return int((avail - self.need(n, 0) - self.per_byte * self.nbytes) // self.server_base)
+
+
+def check_train(cfg: TrainConfig, force: bool = False, echo: bool = True) -> None:
+    """Refuse (``ConfigError``) a run that cannot fit in the memory available; warn on oversubscribed cores."""
+    n, s = cfg.workers, cfg.servers if cfg.sync == "ps" else 0
+    fp = Footprint(cfg.model, cfg.batch_size)
+    avail = available_bytes()
+    if avail is not None and fp.need(n, s) > avail and not force:
+        if s:
+            limits = [f"--workers {k} with --servers {s}" for k in [fp.max_workers(avail, s)] if k >= 1]
+            limits += [f"--servers {k} with --workers {n}" for k in [fp.max_servers(avail, n)] if k >= 1]
+            limits = limits or [f"--workers {max(0, fp.max_workers(avail, 1))} with --servers 1"]
+            what = f"{plural(n, 'worker')} and {plural(s, 'server')}"
+            each = f"worker {gib(fp.worker)}, server {gib(fp.servers(s) / s)}"
+        else:
+            limits, what, each = [f"--workers {max(0, fp.max_workers(avail, 0))}"], plural(n, "worker"), gib(fp.worker)
+        raise ConfigError(f"{what} of {cfg.model} (batch {cfg.batch_size}) need about {gib(fp.need(n, s))} of "
+                          f"memory (measured per process: {each}), {gib(avail)} is available: this machine holds "
+                          f"at most {' or '.join(limits)}; use fewer, or --force to start anyway")
+    warn_cores(n + s, echo)
+
+
+def check_bench(workers: int, sizes: list[int], servers: list[int], floor: bool, force: bool = False) -> None:
+    """The bench's processes at their peak: N bench workers, and per PS group S echo servers, S psring
+    servers and (``floor``) S SGD echo servers per size, which live until the group ends."""
+    big, s = max(sizes), max(servers or [0])
+    need = SHARED_FILES_MIB * MiB + workers * (BENCH_WORKER[0] * MiB + BENCH_WORKER[1] * big)
+    if s:
+        need += s * (ECHO[0] + BENCH_SERVER[0]) * MiB + (ECHO[1] + BENCH_SERVER[1]) * big
+        need += (s * len(sizes) * SGD_ECHO[0] * MiB + SGD_ECHO[1] * sum(sizes)) if floor else 0
+    avail = available_bytes()
+    if avail is not None and need > avail and not force:
+        raise ConfigError(f"the bench's {plural(workers, 'worker')} and up to {s} servers of each kind at {gib(big)} "
+                          f"messages need about {gib(need)} of memory, {gib(avail)} is available; use fewer "
+                          f"--workers or smaller sizes, or --force to start anyway")
+    warn_cores(workers + s * (2 + (len(sizes) if floor else 0)), True)
+
+
+def warn_cores(processes: int, echo: bool) -> None:
+    c = cores()
+    if echo and processes > OVERSUBSCRIBED * c:
+        print(f"psring: warning: {processes} processes on {c} cores: they take turns on the cores, so step "
+              f"times include waiting for a core (--compute emulated keeps workers off them)",
+              file=sys.stderr, flush=True)
