@@ -54,7 +54,8 @@ def main() -> int:
     for i, (sync, servers) in enumerate(order + order[::-1]):
         cfg = TrainConfig(sync=sync, workers=2, servers=servers, model="resnet18_narrow", batch_size=a.batch_size,
                           steps=a.steps, num_samples=2048, log_every=10, out=str(out / "p3" / f"{sync}{i // 3}"))
-        runs.setdefault(sync, []).append(launch(cfg, echo=False)["step_s_p50"])
+        # overwrite: each run of this script replaces the previous one's P3 runs
+        runs.setdefault(sync, []).append(launch(cfg, echo=False, overwrite=True)["step_s_p50"])
     step = {sync: sum(v) / len(v) for sync, v in runs.items()}
 
     rows = [

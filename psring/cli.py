@@ -67,14 +67,28 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--link-delay", default=d.link_delay, help="--net emulated: one-way delay, e.g. 1ms (netem)")
     p.add_argument("--compute", default=d.compute, help="real (default) | emulated | emulated:MS: replace "
                    "forward+backward by a wait (default: the measured single-worker time)")
-    p.add_argument("--out", default=d.out, help="output directory (default %(default)s)")
+    p.add_argument("--out", default=d.out, help="output directory (psring train: default a new "
+                   "runs/DATE-TIME-SYNC-nN, or the run folder of --resume; psring worker: %(default)s)")
+
+
+def add_launch_args(p: argparse.ArgumentParser) -> None:
+    """How ``psring train`` treats its output folder, the machine, and failures (not part of the run's
+    config.json: they do not change what a run computes)."""
+    p.set_defaults(out=None)  # a new folder for every run: see cmd_train
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the finished or unfinished run in --out (default: refuse, exit 2)")
+    p.add_argument("--force", action="store_true",
+                   help="start even if the measured memory footprint says this machine cannot hold the run")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="after a worker or server fails, stop all and resume from the last checkpoint, up to "
+                        "K times (torchrun's flag; needs --checkpoint-every)")
 
 
 def config_from_args(a: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(sync=a.sync, workers=a.workers, servers=a.servers, model=a.model, dataset=a.dataset,
                       num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
-                      warmup=a.warmup, log_every=a.log_every, out=a.out, trace=a.trace,
+                      warmup=a.warmup, log_every=a.log_every, out=a.out or TrainConfig.out, trace=a.trace,
                       bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb,
                       data_dir=a.data_dir, partition=a.partition, eval=a.eval, consistency=a.consistency,
                       staleness=a.staleness, ps_design=a.ps_design, straggler=a.straggler, net=a.net,
@@ -86,8 +100,12 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
 
 def cmd_train(a) -> int:
     from .launch.launcher import launch
+    from .launch.outdir import default_out, run_folder_of
 
-    s = launch(config_from_args(a))
+    if a.out is None:  # continue the run resumed from in its own folder; else a folder of its own
+        a.out = (run_folder_of(a.resume) if a.resume else None) or default_out(a.sync, a.workers)
+        print(f"psring: output: {a.out}", flush=True)
+    s = launch(config_from_args(a), overwrite=a.overwrite, force=a.force, max_restarts=a.max_restarts)
     def fmt(x, spec):  # None: not measured, or not a finite number (a diverged loss)
         return "n/a" if x is None else format(x, spec)
 
@@ -160,7 +178,7 @@ def cmd_sweep(a) -> int:
 
 BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
                   "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None,
-                  "floor": False}
+                  "floor": False, "force": False}
 
 
 def bench_settings(a) -> dict:
@@ -202,7 +220,7 @@ def cmd_bench(a) -> int:
     if b["model"] is not None and b["model"] not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
     run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
-              floor=bool(b["floor"]))
+              floor=bool(b["floor"]), force=bool(b["force"]))
     return 0
 
 
@@ -212,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="run servers and workers of one training job on this machine")
     add_train_args(t)
+    add_launch_args(t)
     t.set_defaults(func=cmd_train)
 
     w = sub.add_parser("worker", help="one worker; rank from torchrun's environment (RANK, WORLD_SIZE, ...)")
@@ -262,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
     b.add_argument("--floor", action="store_const", const=True,
                    help="ps: also time echo servers that run the SGD update (raw_zmq_echo_sgd), the PS's floor")
+    b.add_argument("--force", action="store_const", const=True,
+                   help="start even if the measured memory footprint says this machine cannot hold it")
     b.set_defaults(func=cmd_bench)
 
     from .tools import add_tool_parsers

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..launch.children import Children
 from ..launch.launcher import LaunchError, check_alive, child_env, free_port
+from ..launch.resources import check_bench, model_bytes
 
 RAW = {"allreduce": "raw_allreduce", "ps": "raw_zmq_echo"}
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -93,18 +94,22 @@ def format_table(df: pd.DataFrame) -> str:
 
 def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, warmup: int = 5, iters: int = 20,
               chunk_bytes: int | list[int] = 1 << 20, timeout_s: float = 1800, model: str | None = None,
-              servers: list[int] | None = None, bucket_mb: float = 25.0, floor: bool = False) -> pd.DataFrame:
+              servers: list[int] | None = None, bucket_mb: float = 25.0, floor: bool = False,
+              force: bool = False) -> pd.DataFrame:
     """``model``: bench that model's gradient set (its real tensor shapes) instead of each size;
     ``chunk_bytes``: a list means the raw echo is timed at each and the fastest is kept; ``floor``: ps
     also times ``raw_zmq_echo_sgd``, echo servers that run the SGD update too (``bench.echo``): the
-    transport plus the update with none of psring's logic, the PS's floor on this machine."""
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    transport plus the update with none of psring's logic, the PS's floor on this machine. ``force``:
+    start even what the memory check (``launch.resources``) says this machine cannot hold."""
     groups = []
     if "allreduce" in strategies:
         groups.append({"strategy": "allreduce", "servers": 1})
     if "ps" in strategies:
         groups += [{"strategy": "ps", "servers": s} for s in (servers or sorted({1, workers}))]
+    check_bench(workers, [model_bytes(model)] if model else sizes,
+                [g["servers"] for g in groups if g["strategy"] == "ps"], floor, force)  # before anything starts
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for g in groups:
         print(f"== {g['strategy']}" + (f" S={g['servers']}" if g["strategy"] == "ps" else "") + f", N={workers}",

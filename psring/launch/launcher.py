@@ -2,12 +2,13 @@
 
 Workers get torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the
 same worker runs unchanged under torchrun on many hosts. If any process fails, every other one is
-stopped and the launcher exits non-zero naming the failed process; Ctrl-C stops everything too.
+stopped and the launcher exits non-zero naming the failed process (or, with ``max_restarts`` and a
+checkpoint, starts them all again from it); Ctrl-C stops everything too. Before anything starts, the
+output folder (``outdir``) and the machine's memory (``resources``) are checked.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import sys
@@ -15,37 +16,26 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
+from ..fileio import CAUSES, WriteError, describe, remove_temporaries
 from ..metrics.summary import finalize_run
-from ..train.checkpoint import CheckpointError, check_compatible, last_step
+from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
-from .children import Child, Children, describe_exit, last_line
+from .children import Child, Children
+from .outdir import RunLock, check_out, prepare_out, resumes_in_place, temp_folders
 from .placement import Placement
+from .resources import check_train, plural
+from .restarts import keep_upto, put_back, record_in_summary, restart_point, set_aside_logs
+from .watch import LaunchError, check_alive, watch
+
+__all__ = ["LaunchError", "check_alive", "child_env", "free_port", "launch", "start_listeners"]
 
 SERVER_START_TIMEOUT_S = 60.0
-
-
-class LaunchError(RuntimeError):
-    """A process of the run failed; the message names it."""
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def prepare_out(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for stale in ("ranks", "logs", "servers"):
-            shutil.rmtree(out / stale, ignore_errors=True)
-        for stale in ("steps.jsonl", "summary.json", "model.pt", "trace.json", "config.json"):
-            (out / stale).unlink(missing_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"cannot write to output directory {out}: {e.strerror}") from None
 
 
 def start_servers(cfg: TrainConfig, out: Path, kids: Children, place: Placement) -> list[str]:
@@ -101,123 +91,89 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
     return workers
 
 
-def check_alive(children: list[Child]) -> None:
-    """Raise for a failed child. When several have failed by the time we look, name one killed by a
-    signal first: its peers then fail with errors of their own (e.g. gloo's "connection reset"), which
-    are the consequence, not the cause."""
-    failed = [c for c in children if c.returncode not in (None, 0)]
-    if failed:
-        c = min(failed, key=lambda c: c.returncode >= 0)  # negative returncode: killed by a signal
-        detail = last_line(c.log)
-        raise LaunchError(f"{c.name} (pid {c.proc.pid}) failed: {describe_exit(c.returncode)}"
-                          + (f": {detail}" if detail else "") + f" (log: {c.log})")
-
-
-def watch(workers: list[Child], servers: list[Child], poll_s: float = 0.1, progress: Path | None = None,
-          stall_s: float | None = None) -> None:
-    """Return when every worker exited 0; raise ``LaunchError`` as soon as any process fails, is stopped
-    (SIGSTOP: it would hold every other worker at its next synchronization), or, with ``progress`` (the
-    run's ranks/ folder) and ``stall_s``, when no worker finished a step for ``stall_s``."""
-    stopped_since: dict[int, float] = {}
-    stall = StallWatch(workers, progress, stall_s) if progress is not None and stall_s else None
-    while True:
-        check_alive(workers + servers)
-        check_not_stopped(workers + servers, stopped_since)
-        if stall is not None:
-            stall.check()
-        if all(w.returncode == 0 for w in workers):
-            return
-        for s in servers:
-            if s.returncode == 0:  # a server only exits 0 once all workers said done
-                pending = [w for w in workers if w.returncode is None]
-                if pending and _wait_any_exit(pending, 30.0) is None:
-                    raise LaunchError(f"{s.name} exited while {pending[0].name} was still running")
-        time.sleep(poll_s)
-
-
-STOPPED_GRACE_S = 2.0  # a stop this long is not a shell's job control blip
-
-
-def check_not_stopped(children: list[Child], since: dict[int, float]) -> None:
-    now = time.monotonic()
-    for c in children:
-        if c.returncode is not None or proc_state(c.proc.pid) not in ("T", "t"):
-            since.pop(c.proc.pid, None)
-            continue
-        t0 = since.setdefault(c.proc.pid, now)
-        if now - t0 >= STOPPED_GRACE_S:
-            raise LaunchError(f"{c.name} (pid {c.proc.pid}) is stopped (SIGSTOP?) and holds up the run "
-                              f"(log: {c.log})")
-
-
-def proc_state(pid: int) -> str:
-    """The kernel's one-letter state of ``pid`` (R, S, D, T stopped, Z zombie, ...), '' if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
-class StallWatch:
-    """Fails the run when no worker has logged a step for ``stall_s``, naming the worker(s) furthest
-    behind: with synchronous training the others are waiting for them."""
-
-    def __init__(self, workers: list[Child], ranks: Path, stall_s: float):
-        self.workers, self.ranks, self.stall_s = workers, ranks, stall_s
-        self.sizes = [-1] * len(workers)
-        self.last = time.monotonic()
-
-    def check(self) -> None:
-        sizes = [_size(self.ranks / f"rank{r}.jsonl") for r in range(len(self.workers))]
-        if sizes != self.sizes:
-            self.sizes, self.last = sizes, time.monotonic()
-            return
-        if time.monotonic() - self.last > self.stall_s:
-            steps = [_lines(self.ranks / f"rank{r}.jsonl") for r in range(len(self.workers))]
-            behind = [w.name for w, n in zip(self.workers, steps) if n == min(steps)]
-            raise LaunchError(f"no progress for {self.stall_s:.0f} s: {', '.join(behind)} at step {min(steps)} "
-                              f"(others at up to {max(steps)}); see {self.ranks.parent / 'logs'}")
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return -1
-
-
-def _lines(path: Path) -> int:
-    try:
-        return len(path.read_text().splitlines())
-    except OSError:
-        return 0
-
-
-def _wait_any_exit(children: list[Child], timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for c in children:
-            if c.returncode is not None:
-                return c
-        time.sleep(0.1)
-    return None
-
-
 def _raise_interrupt(signum, _frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def launch(cfg: TrainConfig, echo: bool = True) -> dict:
-    """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process.
-    ``echo``: show rank 0's progress lines on this terminal (else they go to its log only)."""
+def launch(cfg: TrainConfig, echo: bool = True, *, overwrite: bool = False, force: bool = False,
+           max_restarts: int = 0) -> dict:
+    """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process, and
+    ``ConfigError`` (nothing touched, nothing started) for bad input, an output folder holding a run that
+    must not be replaced, or a run this machine cannot hold.
+    ``echo``: show rank 0's progress lines on this terminal (else they go to its log only).
+    ``overwrite``: replace a finished or unfinished run in ``cfg.out`` (never a running one).
+    ``force``: start even what the resource check refuses.
+    ``max_restarts``: after a failure, restart from the last checkpoint up to this many times."""
     cfg.validate()
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts must be >= 0, got {max_restarts}")
+    if max_restarts and not (cfg.checkpoint_every or cfg.resume):
+        raise ConfigError("--max-restarts resumes from the last checkpoint: it needs --checkpoint-every K")
     out = Path(cfg.out)
-    if cfg.resume:
-        check_resume(cfg)
-    prepare_out(out)
-    resolve_compute(cfg, echo)
+    in_place = resumes_in_place(out, cfg.resume)
+    base = check_resume(cfg) if cfg.resume else -1
+    check_out(out, overwrite, in_place)
+    check_train(cfg, force, echo)
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops everything, as Ctrl-C does
+    try:
+        with RunLock(out):
+            prepare_out(out, in_place)
+            if in_place:
+                keep_upto(out, base)  # the records up to the checkpoint stay; the resumed run redoes the rest
+            resolve_compute(cfg, echo)
+            # a restart may fall back to the checkpoint resumed from (elsewhere: in place, it is one of out's)
+            asked = (base, path_of(cfg.resume)) if cfg.resume and not in_place else None
+            return run_with_restarts(cfg, out, echo, max_restarts, base, asked)
+    except WriteError as e:  # the launcher's own files (config.json, steps.jsonl, summary.json, ...)
+        raise LaunchError(str(e)) from None
+    except OSError as e:
+        if e.errno not in CAUSES:
+            raise
+        raise LaunchError(describe(e)) from None
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def run_with_restarts(cfg: TrainConfig, out: Path, echo: bool, max_restarts: int, base: int,
+                      asked: tuple[int, Path] | None) -> dict:
+    """Run, and after a failure resume from the newest usable checkpoint, up to ``max_restarts`` times."""
+    resume, restarts, recomputed = cfg.resume, 0, 0
+    try:
+        while True:
+            try:
+                run_once(cfg, out, echo)
+                break
+            except LaunchError as e:
+                point = restart_point(out, cfg.workers, base, asked) if restarts < max_restarts else None
+                if point is None:
+                    raise LaunchError(failure(e, out, cfg, restarts)) from None
+                restarts += 1
+                n = keep_upto(out, point[0])
+                recomputed += n
+                set_aside_logs(out, restarts)
+                print(f"psring: restart {restarts}/{max_restarts} from the checkpoint after step {point[0]} "
+                      f"({plural(n, 'step')} to run again): {e}", file=sys.stderr, flush=True)
+                cfg.resume = str(point[1])
+    finally:
+        cfg.resume = resume  # config.json says what was asked; summary.json counts the restarts
+    put_back(out)
+    cfg.save(out / "config.json")
+    finalize_run(out, cfg.to_dict())
+    return record_in_summary(out, {"restarts": restarts, "steps_recomputed": recomputed})
+
+
+def failure(e: LaunchError, out: Path, cfg: TrainConfig, restarts: int) -> str:
+    """The one line of a run that failed for good: what failed, and where it can continue from."""
+    gave_up = f" (after {plural(restarts, 'restart')})" if restarts else ""
+    step = last_step(out) if cfg.checkpoint_every else None
+    if step is None:
+        return f"{e}{gave_up}"
+    return f"{e}{gave_up}; last checkpoint after step {step}: continue with --resume {out}"
+
+
+def run_once(cfg: TrainConfig, out: Path, echo: bool) -> None:
+    """One attempt: start the servers and workers, watch them until the workers are done, stop all."""
     kids = Children()
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
     place = None
     try:
         place = Placement(cfg)
@@ -230,30 +186,26 @@ def launch(cfg: TrainConfig, echo: bool = True) -> dict:
         cfg.save(out / "config.json")
         workers = start_workers(cfg, out, kids, place, echo)
         # stall: a step may legitimately take long (slow links, big models); the network timeout bounds it
-        try:
-            watch(workers, servers, progress=out / "ranks", stall_s=cfg.timeout_s + 30)
-        except LaunchError as e:
-            step = last_step(out) if cfg.checkpoint_every else None
-            if step is None:
-                raise
-            raise LaunchError(f"{e}; last checkpoint after step {step}: continue with --resume {out}") from None
+        watch(workers, servers, progress=out / "ranks", stall_s=cfg.timeout_s + 30)
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         kids.stop_all()
+        remove_temporaries(temp_folders(out), {c.proc.pid for c in kids.children})  # theirs, killed mid-write
         if place is not None:
             place.close()  # after the processes inside it are gone
-        signal.signal(signal.SIGTERM, old)
-    return finalize_run(out, cfg.to_dict())
 
 
-def check_resume(cfg: TrainConfig) -> None:
-    """A missing, unreadable or incompatible checkpoint is a one-line error before anything starts."""
+def check_resume(cfg: TrainConfig) -> int:
+    """A missing, unreadable or incompatible checkpoint is a one-line error before anything starts;
+    returns the checkpoint's step."""
     try:
-        check_compatible(load_checkpoint(cfg.resume), cfg.to_dict(), cfg.resume)
+        ckpt = load_checkpoint(cfg.resume)
+        check_compatible(ckpt, cfg.to_dict(), cfg.resume)
     except CheckpointError as e:
         raise ConfigError(str(e)) from None
+    return int(ckpt["step"])
 
 
 def resolve_compute(cfg: TrainConfig, echo: bool) -> None:
