@@ -56,6 +56,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25; ps: largest chunk, 4)")
     p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first all-reduce bucket, MB (default 1)")
     p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame of a push, KB (0 = one per tensor)")
+    p.add_argument("--ps-window", type=int, default=d.ps_window,
+                   help="ps: most pushpulls unanswered per server (default ceil(4/S) on --net emulated, "
+                        "else no limit; 0 = no limit)")
     p.add_argument("--no-overlap", action="store_false", dest="overlap",
                    help="communicate only after backward (default: each bucket as soon as it is ready)")
     p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
@@ -89,7 +92,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
                       num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
                       augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
                       warmup=a.warmup, log_every=a.log_every, out=a.out or TrainConfig.out, trace=a.trace,
-                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb,
+                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb, ps_window=a.ps_window,
                       data_dir=a.data_dir, partition=a.partition, eval=a.eval, consistency=a.consistency,
                       staleness=a.staleness, ps_design=a.ps_design, straggler=a.straggler, net=a.net,
                       link_rate=a.link_rate, server_link_rate=a.server_link_rate, link_delay=a.link_delay,

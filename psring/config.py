@@ -82,6 +82,9 @@ class TrainConfig:
     first_bucket_mb: float = 1.0  # allreduce: smaller first bucket, so communication starts early in backward
     overlap: bool = True  # start each bucket's communication during backward
     frame_kb: int = 1024  # ps: pushed tensors are split over ZeroMQ frames of at most this size (0 = no split)
+    # ps: most pushpulls a worker leaves unanswered per server (credits); None: ceil(4/S) on an emulated
+    # link, no limit on loopback (sharding.default_window); 0: no limit
+    ps_window: int | None = None
     # --- parameter-server semantics (--sync ps) ---
     consistency: str = "bsp"  # bsp | ssp | asp
     staleness: int = 2  # SSP's bound k: a worker starting step t waits while the slowest is below t - k
@@ -131,6 +134,8 @@ class TrainConfig:
             self.bucket_mb = 4.0 if self.sync == "ps" else 25.0
         if not (self.bucket_mb > 0 and self.first_bucket_mb > 0):
             raise ConfigError(f"--bucket-mb and --first-bucket-mb must be > 0, got {self.bucket_mb}, {self.first_bucket_mb}")
+        if self.ps_window is not None and self.ps_window < 0:
+            raise ConfigError(f"--ps-window must be >= 0 (0 = no limit), got {self.ps_window}")
         if self.frame_kb < 0:
             raise ConfigError(f"--frame-kb must be >= 0 (0 = one frame per tensor), got {self.frame_kb}")
         if self.warmup < 0:

@@ -41,7 +41,7 @@ ID_KEYS = ["sync", "workers", "servers"]  # first in a run's id, the rest alphab
 # Communication settings: how gradients travel, not what is trained. bucket_mb even defaults per strategy
 # (ps 4 MB, allreduce 25), so no run could share it with its baseline.
 COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness",
-                       "ps_design", "curve", "net", "link_rate", "server_link_rate", "link_delay", "backend",
+                       "ps_design", "ps_window", "curve", "net", "link_rate", "server_link_rate", "link_delay", "backend",
                        "timeout_s"})
 # What a baseline does not share with the runs it is the baseline of: communication; the straggler, one
 # slow machine of the N whose cost the speedup is to show (and rank 1 does not exist at N=1); and resume,
@@ -224,7 +224,8 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataF
             eta = f", about {_fmt_s(elapsed / executed * todo)} left" if executed else ""
             print(f"[{i}/{len(runs)}] {ident}: running (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
             try:
-                row.update(status="ok", error="", **launch(cfg, echo=echo))
+                # overwrite: only a run this sweep itself left unfinished, or ran under another config
+                row.update(status="ok", error="", **launch(cfg, echo=echo, overwrite=True))
             except (LaunchError, ConfigError) as e:
                 row.update(status="failed", error=str(e))
                 print(f"[{i}/{len(runs)}] {ident}: FAILED: {e}", flush=True)

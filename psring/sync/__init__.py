@@ -26,8 +26,18 @@ def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
         return PSSync(rank, world, local_device(local), cfg.ps_addrs, cfg.optim, cfg.timeout_s,
                       cfg.bucket_mb, cfg.overlap, cfg.frame_kb,
                       design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
-                      curve=cfg.curve)
+                      curve=cfg.curve, window=cfg.ps_window, links_Bps=links_Bps(cfg))
     if cfg.sync == "none":
         from .none import NoSync
         return NoSync(rank, world, local_device(local), cfg.optim)
     raise ValueError(f"unknown --sync {cfg.sync!r}")
+
+
+def links_Bps(cfg: TrainConfig) -> tuple[float, float] | None:
+    """(worker, server) link rates in bytes/s where psring knows them (an emulated network), else None."""
+    if cfg.net != "emulated":
+        return None
+    from ..costmodel import Link
+
+    w = Link.from_rate(cfg.link_rate).bandwidth_Bps
+    return w, (Link.from_rate(cfg.server_link_rate).bandwidth_Bps if cfg.server_link_rate else w)

@@ -64,23 +64,9 @@ class PSClient:
         to other requests of ours that arrive first are kept for their own ``recv``."""
         early = self.early[server]
         while req not in early:
-            sock = self.socks[server]
-            if not sock.poll(self.timeout_ms):
-                raise PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
-                              f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
-            msg = sock.recv_multipart(copy=False)
-            self.bytes_recv += sum(len(f) for f in msg)
-            try:
-                header = unpack_header(msg[0].buffer)
-            except ProtocolError as e:
-                raise PSError(f"PS server {server} ({self.addrs[server]}) sent an unreadable reply: {e}") from None
-            got = header.get("req")
-            if got is None and header.get("ok") is False:  # the server could not read our request's id
-                raise PSError(f"PS server {server} ({self.addrs[server]}) refused a request it could not "
-                              f"read: {header.get('error')}")
-            if type(got) is not int or got >= self._next or got in early:
-                raise PSError(f"PS server {server} answered request {got!r}, which this worker did not send")
-            early[got] = (header, msg[1:])
+            if not self.socks[server].poll(self.timeout_ms):
+                raise self._silent(server)
+            self._take(server)
         header, frames = early.pop(req)
         if not header.get("ok"):
             raise PSError(f"PS server {server} ({self.addrs[server]}) refused request: {header.get('error')}")
@@ -91,6 +77,49 @@ class PSClient:
         if "opt_state" in header:
             header["opt_state"] = sections["opt_state"]
         return header, sections["tensors"]
+
+    def arrived(self, server: int, req: int) -> bool:
+        """Whether the reply to ``req`` is here (taken off the socket, waiting for its ``recv``)."""
+        return req in self.early[server]
+
+    def collect(self, server: int) -> None:
+        """Take every reply of ``server`` that has already arrived off its socket, without waiting (so a
+        worker can tell, from inside backward, which requests are answered)."""
+        sock = self.socks[server]
+        while sock.poll(0):
+            self._take(server)
+
+    def wait_any(self, servers: list[int]) -> None:
+        """Wait until a reply from one of ``servers`` arrives (at most the timeout) and take it."""
+        poller = zmq.Poller()
+        for s in servers:
+            poller.register(self.socks[s], zmq.POLLIN)
+        ready = dict(poller.poll(self.timeout_ms))
+        if not ready:
+            raise self._silent(servers[0])
+        for s in servers:
+            if self.socks[s] in ready:
+                self.collect(s)
+
+    def _silent(self, server: int) -> PSError:
+        return PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
+                       f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
+
+    def _take(self, server: int) -> None:
+        """Receive one message of ``server`` (it is there) and keep it for the ``recv`` of its request."""
+        msg = self.socks[server].recv_multipart(copy=False)
+        self.bytes_recv += sum(len(f) for f in msg)
+        try:
+            header = unpack_header(msg[0].buffer)
+        except ProtocolError as e:
+            raise PSError(f"PS server {server} ({self.addrs[server]}) sent an unreadable reply: {e}") from None
+        got = header.get("req")
+        if got is None and header.get("ok") is False:  # the server could not read our request's id
+            raise PSError(f"PS server {server} ({self.addrs[server]}) refused a request it could not "
+                          f"read: {header.get('error')}")
+        if type(got) is not int or got >= self._next or got in self.early[server]:
+            raise PSError(f"PS server {server} answered request {got!r}, which this worker did not send")
+        self.early[server][got] = (header, msg[1:])
 
     def call(self, server: int, header: dict, named=(), opt_state=()):
         return self.recv(server, self.send(server, header, named, opt_state))

@@ -23,18 +23,19 @@ from ..buckets import whole_param_ranges
 
 
 def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
-                cap_bytes: int) -> list[tuple[int, int, int, int]]:
+                cap_bytes: int, split: bool = False) -> list[tuple[int, int, int, int]]:
     """(space, start, end, server) per chunk, in chunk order. ``spaces``: per dtype, the element counts
     of its parameters in layout order. Each space is cut into a multiple of ``servers`` equal chunks (to
     one element) of at most ``cap_bytes``; the round-robin over servers continues from one space to the
-    next. One server: whole parameters up to ``cap_bytes`` per chunk instead."""
+    next. One server: whole parameters up to ``cap_bytes`` per chunk instead, unless ``split`` (chunks
+    fitted to a link: a 9.4 MB tensor as one chunk would be the pipeline's fill and drain)."""
     if servers < 1:
         raise ValueError(f"need at least one server, got {servers}")
     total = sum(sum(sp) for sp in spaces)
     if servers > total:
         raise ValueError(f"{servers} servers for {total} parameter elements: some servers would own nothing; "
                          f"use --servers {total} or fewer")
-    if servers == 1:
+    if servers == 1 and not split:
         return whole_param_ranges(spaces, itemsizes, cap_bytes, cap_bytes)
     out, i = [], 0
     for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
@@ -48,3 +49,51 @@ def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
             out.append((s, bounds[j], bounds[j + 1], i % servers))
             i += 1
     return out
+
+
+# The CPU a pushpull costs beyond its bytes, on the busiest side (one server process handles N of them
+# per chunk): measured on this project's 2-core machine (results/bandwidth/README.md, "Chunk size").
+MESSAGE_COST_S = 2e-4
+MIN_CHUNK_BYTES = 64 << 10
+
+
+def fitted_chunk_bytes(m_bytes: int, workers: int, servers: int, worker_Bps: float, server_Bps: float,
+                       cap_bytes: int, message_cost_s: float = MESSAGE_COST_S) -> int:
+    """The chunk size for a link: k chunks per server make the pipeline's fill and drain about T/k,
+    where T = max(M/B_w, N*M/(S*B_s)) is the bandwidth bound of a step, and cost k*N messages at the
+    busiest server; k = sqrt(T / (N * message_cost)) minimises the sum. Between ``MIN_CHUNK_BYTES`` and
+    ``cap_bytes``.
+
+    >>> fitted_chunk_bytes(44_695_848, 8, 8, 12.5e6, 12.5e6, 4 << 20)  # ResNet-18, N=S=8, 100 Mbit: k=48
+    116395
+    """
+    bound_s = max(m_bytes / worker_Bps, workers * m_bytes / (servers * server_Bps))
+    k = max(1, math.ceil(math.sqrt(bound_s / (workers * message_cost_s))))
+    return int(min(cap_bytes, max(MIN_CHUNK_BYTES, m_bytes / (servers * k))))
+
+
+def chunk_bytes(m_bytes: int, workers: int, servers: int, links_Bps: tuple[float, float] | None,
+                cap_bytes: int) -> int:
+    """The PS's chunk size: fitted to the links where they are known, else the cap (``--bucket-mb``)."""
+    if links_Bps is None:
+        return cap_bytes
+    return fitted_chunk_bytes(m_bytes, workers, servers, *links_Bps, cap_bytes)
+
+
+def chunks_per_server(m_bytes: int, servers: int, chunk_bytes: int) -> int:
+    """k, the chunks each server owns when ``plan_chunks`` cuts M bytes (one dtype) into chunks of at
+    most ``chunk_bytes``: what the cost model's pipeline term needs (``costmodel.ps``)."""
+    return max(1, math.ceil(math.ceil(m_bytes / servers) / max(chunk_bytes, 1)))
+
+
+# Chunks a worker keeps unanswered across all servers when the link is scheduled: enough to keep its
+# link busy while a chunk's reply is on its way, few enough that a fast TCP flow cannot run ahead of
+# the other workers' copies of its chunks. Measured on emulated 100 Mbit links, N = S = 8: window 1
+# per server gave 1.08x the bound, 2 gave 1.13x, 4 gave 1.19x; N = 4, S = 1: 4 gave 1.01x, 8 1.03x.
+IN_FLIGHT = 4
+
+
+def default_window(servers: int, link_known: bool) -> int:
+    """Credits per server: ``ceil(IN_FLIGHT / S)`` on a known link, 0 (no limit) on loopback, where
+    there is no link to schedule and every message sent at once is fastest."""
+    return max(1, math.ceil(IN_FLIGHT / servers)) if link_known else 0

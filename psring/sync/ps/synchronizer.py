@@ -30,6 +30,7 @@ differ from the checkpointed run's.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 from torch import nn
@@ -41,7 +42,7 @@ from .client import PSClient
 from .consistency import check_semantics
 from .optimizers import optim_header
 from .protocol import Pieces
-from .sharding import plan_chunks
+from .sharding import chunk_bytes, default_window, plan_chunks
 
 
 class PSSync(Synchronizer):
@@ -50,8 +51,13 @@ class PSSync(Synchronizer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024,
                  design: str = "server-optimizer", consistency: str = "bsp", staleness: int = 2,
-                 curve: str | None = None):
-        """``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them)."""
+                 curve: str | None = None, window: int | None = None, links_Bps: tuple[float, float] | None = None):
+        """``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
+        ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
+        chunks are then fitted to them (``sharding.fitted_chunk_bytes``, at most ``bucket_mb``; with
+        one server too, splitting tensors) and sent under a window of credits.
+        ``window``: the most pushpulls of this worker unanswered at one server; 0: no limit; None:
+        ``sharding.default_window`` (no limit where the links are unknown)."""
         super().__init__(rank, world, device)
         self.curve = curve
         if not addrs:
@@ -62,11 +68,16 @@ class PSSync(Synchronizer):
         self.cap = int(bucket_mb * 2**20)
         self.frame_bytes = frame_kb * 1024 if frame_kb > 0 else None
         self.client = None
+        self.links_Bps = links_Bps
+        self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
 
     def attach(self, model: nn.Module) -> nn.Module:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.layout = flat_layout(named)
-        chunks = plan_chunks(*space_sizes(self.layout), len(self.addrs), self.cap)
+        sizes, itemsizes = space_sizes(self.layout)
+        m_bytes = sum(n * i for sp, i in zip(sizes, itemsizes) for n in sp)
+        cap = chunk_bytes(m_bytes, self.world, len(self.addrs), self.links_Bps, self.cap)
+        chunks = plan_chunks(sizes, itemsizes, len(self.addrs), cap, split=self.links_Bps is not None)
         self.buckets = GradBuckets(self.layout, chunks, self._on_ready, self.device)
         self.chunks: list[list[Bucket]] = [[] for _ in self.addrs]  # per server, in launch order
         for b in self.buckets.buckets:
@@ -171,17 +182,43 @@ class PSSync(Synchronizer):
         return {"servers": servers, "opt_state": opt_state, **super().state_dict()}
 
     def _new_step(self) -> None:
-        self.inflight: list[tuple[int, Bucket, list]] = []  # (req, chunk, trace), in launch order
+        # per server: pushpulls sent whose replies were not used yet (req, chunk, trace), in send order,
+        # and chunks ready but held back until the server has a credit free
+        self.sent: list[deque] = [deque() for _ in self.addrs]
+        self.queued: list[deque] = [deque() for _ in self.addrs]
         self.deferred: list[Bucket] = []
         self.messages = []
         # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
         self.sent0, self.recv0 = self.client.bytes_sent, self.client.bytes_recv
 
+    @property
+    def inflight(self) -> bool:
+        return any(self.sent) or any(self.queued)
+
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap:
-            self._push(b)
+            self.queued[b.extra["group"]].append(b)
+            self._pump(b.extra["group"])
         else:
             self.deferred.append(b)
+
+    def _pump(self, s: int) -> None:
+        """Send server ``s``'s queued chunks while it has credits: at most ``window`` of this worker's
+        pushpulls unanswered per server. Every worker sends its chunks in the same order, so with the
+        window the N copies of a chunk reach its server together and its reply leaves while later
+        chunks still arrive, instead of a fast TCP flow running ahead and the slowest flow's chunks all
+        completing at the end (ByteScheduler's credits, SOSP'19). Replies already here are taken off
+        the socket first (not used: that waits for ``step``), so this may run from inside backward."""
+        if not self.queued[s]:
+            return
+        if self.window:
+            self.client.collect(s)
+            busy = sum(1 for req, _, _ in self.sent[s] if not self.client.arrived(s, req))
+        else:
+            busy = -len(self.queued[s])  # no window: everything at once
+        while self.queued[s] and (not self.window or busy < self.window):
+            self._push(self.queued[s].popleft())
+            busy += 1
 
     def _push(self, b: Bucket) -> None:
         s, host = b.extra["group"], b.extra["host"]
@@ -193,7 +230,7 @@ class PSSync(Synchronizer):
         sent = time.perf_counter()
         reply = [sent, f"params of chunk {b.index} from server {s}", None]  # duration set on arrival
         self.messages += [[t, f"push chunk {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
-        self.inflight.append((req, b, reply))
+        self.sent[s].append((req, b, reply))
 
     def _load_params(self, t, b: Bucket, alias: bool) -> None:
         """A chunk's values (a tensor viewing a received frame, or ``Pieces``) into the parameters it
@@ -236,24 +273,32 @@ class PSSync(Synchronizer):
         t0 = self.clock.now()
         self.buckets.flush()
         for b in self.deferred:
-            self._push(b)
+            self.queued[b.extra["group"]].append(b)
+        for s in range(len(self.addrs)):
+            self._pump(s)
         t1 = self.clock.now()
-        wait_s = pull_s = 0.0
+        push_s, wait_s, pull_s = t1 - t0, 0.0, 0.0
         lap = t1  # laps of one clock, so push_s + wait_s + pull_s is exactly sync_s
-        for req, b, trace in self.inflight:  # in launch order: the servers' replies interleave the same way
-            s = b.extra["group"]
-            _, named = self.client.recv(s, req)
-            tb = time.perf_counter()
-            trace[2] = tb - trace[0]
-            self._reply(s, named, b)
-            tc = self.clock.now()
-            wait_s += tb - lap
-            pull_s += tc - tb
-            lap = tc
+        while self.inflight:
+            used = False
+            for s in range(len(self.addrs)):  # a server's replies are used in the order it was sent
+                while self.sent[s] and self.client.arrived(s, self.sent[s][0][0]):
+                    req, b, trace = self.sent[s].popleft()
+                    _, named = self.client.recv(s, req)
+                    trace[2] = time.perf_counter() - trace[0]
+                    self._reply(s, named, b)
+                    tb = self.clock.now()
+                    self._pump(s)
+                    tc = self.clock.now()
+                    pull_s, push_s, lap, used = pull_s + tb - lap, push_s + tc - tb, tc, True
+            if not used and self.inflight:
+                self.client.wait_any([s for s in range(len(self.addrs)) if self.sent[s]])
+                tb = self.clock.now()
+                wait_s, lap = wait_s + tb - lap, tb
         update_s = timed_update(self.optimizer, self.device) if self.aggregate else 0.0
         stats = SyncStats(sync_s=lap - t0, update_s=update_s, bytes_sent=self.client.bytes_sent - self.sent0,
                           bytes_recv=self.client.bytes_recv - self.recv0,
-                          phases={"push_s": t1 - t0, "wait_s": wait_s, "pull_s": pull_s},
+                          phases={"push_s": push_s, "wait_s": wait_s, "pull_s": pull_s},
                           messages=[[name, t - t0, dur] for t, name, dur in self.messages])
         self.buckets.reset()
         self.cur += 1
