@@ -24,6 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+# TCP's payload share of an Ethernet link: 1448 bytes of data (MSS with timestamps, MTU 1500) per frame
+# of 1514 bytes on the wire (tc's shaper counts the 14-byte Ethernet header). What a shaped link carries
+# for a socket; measured 11.9 MB/s on an emulated 100 Mbit link (README, results/bandwidth).
+TCP_GOODPUT = 1448 / 1514
+
 _RATE = {"bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
          "b/s": 1.0, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9, "tb/s": 1e12}
 
@@ -42,18 +47,21 @@ class Link:
         return self.alpha_s + m_bytes / self.bandwidth_Bps
 
     @classmethod
-    def from_rate(cls, rate: str | float, alpha_s: float = 0.0) -> Link:
-        """``rate`` in bytes/s, or a string: tc's bit rates ("1gbit", "100mbit") or bytes ("2.5GB/s").
+    def from_rate(cls, rate: str | float, alpha_s: float = 0.0, goodput: float = 1.0) -> Link:
+        """``rate`` in bytes/s, or a string: tc's bit rates ("1gbit", "100mbit") or bytes ("2.5GB/s");
+        ``goodput``: the share of it a socket gets (``TCP_GOODPUT`` for a shaped Ethernet link).
 
         >>> Link.from_rate("1gbit", 5e-5)
         Link(alpha_s=5e-05, bandwidth_Bps=125000000.0)
+        >>> round(Link.from_rate("100mbit", goodput=TCP_GOODPUT).bandwidth_Bps)
+        11955086
         """
         if not isinstance(rate, str):
-            return cls(alpha_s, float(rate))
+            return cls(alpha_s, float(rate) * goodput)
         m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?\d+)?)\s*([a-z/]+)\s*", rate.lower())
         if not m or m.group(2) not in _RATE:
             raise ValueError(f"cannot read rate {rate!r}; use e.g. 1gbit, 100mbit, 2.5GB/s")
-        return cls(alpha_s, float(m.group(1)) * _RATE[m.group(2)])
+        return cls(alpha_s, float(m.group(1)) * _RATE[m.group(2)] * goodput)
 
 
 def ring_allreduce(n: int, m_bytes: float, link: Link) -> float:
@@ -69,23 +77,33 @@ def ring_allreduce(n: int, m_bytes: float, link: Link) -> float:
 
 
 def ps(n: int, servers: int, m_bytes: float, worker_link: Link, server_link: Link | None = None,
-       overlap: bool = False) -> float:
+       overlap: bool = False, chunks_per_server: int | None = None) -> float:
     """Parameter server on ``servers`` dedicated hosts, each holding 1/S of the parameters.
 
     Per step each worker pushes M (split over the servers) and pulls M back: its link carries M each
-    way; each server receives N*M/S and sends N*M/S. Push and pull run one after the other (BSP: a pull
-    is answered once every push is in), each phase bounded by its slowest link:
-    ``2 * (alpha + max(M/B_w, N*M/(S*B_s)))``. With ``overlap`` (pipelined tensors, as BytePS does),
-    pushes of some tensors share the full-duplex links with pulls of others, so the bandwidth term is
-    paid once: ``2 alpha + max(M/B_w, N*M/(S*B_s))`` - a lower bound.
+    way; each server receives N*M/S and sends N*M/S. The bandwidth bound of one direction is the
+    slowest link's, ``T = max(M/B_w, N*M/(S*B_s))``.
+
+    * Sequential (the default): push, then pull (BSP: a pull is answered once every push is in):
+      ``2 * (alpha + T)``.
+    * Pipelined, ``chunks_per_server`` = k (BytePS's partitions, psring's chunks): each server's share
+      is cut into k chunks, a chunk's reply leaves as soon as its N copies are in, so the pull of one
+      chunk shares the full-duplex links with the pushes of later ones. Only the first chunk's push
+      (fill) and the last chunk's reply (drain), each T/k, are not overlapped:
+      ``2 alpha + T * (1 + 1/k)``. This is the physical limit of a PS step on these links.
+    * ``overlap`` alone: the limit of infinitely many chunks, ``2 alpha + T`` (a lower bound).
 
     >>> round(ps(4, 1, 1e8, Link(1e-4, 1e8)), 6)  # 2*(1e-4 + max(1, 4*1/1))
     8.0002
+    >>> round(ps(4, 4, 1e8, Link(1e-4, 1e8), chunks_per_server=10), 6)  # 2e-4 + 1 * (1 + 1/10)
+    1.1002
     """
     if n <= 1:
         return 0.0
     server_link = server_link or worker_link
     bw = max(m_bytes / worker_link.bandwidth_Bps, n * m_bytes / (servers * server_link.bandwidth_Bps))
+    if chunks_per_server:
+        return 2 * worker_link.alpha_s + bw * (1 + 1 / chunks_per_server)
     return 2 * worker_link.alpha_s + (1 if overlap else 2) * bw
 
 
@@ -161,11 +179,12 @@ def predicted_speedup(n: int, compute_s: float, sync: float | Callable[[int], fl
 
 # Every strategy under one signature, for plots that loop over them:
 #   STRATEGIES[name](n, m_bytes, link, servers=None, server_link=None) -> seconds
+# ("ps" also takes chunks_per_server=k: the pipelined bound instead of the sequential one)
 Strategy = Callable[..., float]
 
 
-def _ps(n, m_bytes, link, servers=None, server_link=None):
-    return ps(n, servers or 1, m_bytes, link, server_link)
+def _ps(n, m_bytes, link, servers=None, server_link=None, chunks_per_server=None):
+    return ps(n, servers or 1, m_bytes, link, server_link, chunks_per_server=chunks_per_server)
 
 
 STRATEGIES: dict[str, Strategy] = {

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..costmodel import STRATEGIES, Link, predicted_speedup
+from ..costmodel import STRATEGIES, TCP_GOODPUT, Link, predicted_speedup
+from ..sync.ps.sharding import chunk_bytes, chunks_per_server
 from ..sweep import baseline_of
 from .common import (
     PS_COLORS,
@@ -32,17 +33,19 @@ MODEL_OF = {"allreduce": "allreduce", "ddp": "allreduce", "ps": "ps"}  # sync ->
 
 def model_curve(ns, compute_s: float, m_bytes: float, link: Link, strategy: str,
                 servers: int | str | None = None, server_link: Link | None = None,
-                overlap: float = 0.0) -> pd.DataFrame:
+                overlap: float = 0.0, chunks=None) -> pd.DataFrame:
     """The cost model at each N of ``ns``: columns ``workers``, ``sync_s`` (``STRATEGIES[strategy]``
     with ``servers`` = an int, ``"N"`` for S = N, or None) and ``speedup`` (``predicted_speedup``: N
-    workers of ``compute_s`` each against one that does not synchronize)."""
+    workers of ``compute_s`` each against one that does not synchronize). ``chunks(n, s)``: ps's
+    chunks per server at N = n, S = s, for its pipelined bound (None: the sequential formula)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; one of {sorted(STRATEGIES)}")
     rows = []
     for n in ns:
         n = int(n)
         s = n if servers == "N" else servers
-        sync_s = STRATEGIES[strategy](n, m_bytes, link, servers=s, server_link=server_link)
+        extra = {"chunks_per_server": chunks(n, s or 1)} if chunks is not None else {}
+        sync_s = STRATEGIES[strategy](n, m_bytes, link, servers=s, server_link=server_link, **extra)
         rows.append({"workers": n, "sync_s": sync_s,
                      "speedup": predicted_speedup(n, compute_s, sync_s, overlap)})
     return pd.DataFrame(rows)
@@ -99,15 +102,28 @@ def compute_time(runs: pd.DataFrame, series: Series) -> float | None:
 
 
 def series_link(series: Series, calibration: Link | None) -> tuple[Link | None, Link | None]:
-    """(worker link, server link) of a series: an emulated network's configured rates (alpha from the
-    calibration, else 0), else the calibration for both."""
+    """(worker link, server link) of a series: an emulated network's configured rates, as TCP's payload
+    gets them (``costmodel.TCP_GOODPUT``; alpha from the calibration, else 0), else the calibration."""
     r = series.rows.iloc[0]
     if r.get("net") == "emulated" and isinstance(r.get("link_rate"), str):
         alpha = calibration.alpha_s if calibration else 0.0
-        link = Link.from_rate(r["link_rate"], alpha)
+        link = Link.from_rate(r["link_rate"], alpha, TCP_GOODPUT)
         srv = r.get("server_link_rate")
-        return link, (Link.from_rate(srv, alpha) if isinstance(srv, str) and srv else None)
+        return link, (Link.from_rate(srv, alpha, TCP_GOODPUT) if isinstance(srv, str) and srv else None)
     return calibration, None
+
+
+def ps_chunks(series: Series, m_bytes: float):
+    """(n, s) -> the chunks per server a ps run at N = n, S = s used: its chunk size is fitted to the
+    emulated link the way ``PSSync`` fits it (``sharding.chunk_bytes``), capped by its ``bucket_mb``."""
+    r = series.rows.iloc[0]
+    cap = int(float(r["bucket_mb"]) * 2**20) if is_num(r.get("bucket_mb")) else 4 << 20
+    links = None
+    if r.get("net") == "emulated" and isinstance(r.get("link_rate"), str):
+        w = Link.from_rate(r["link_rate"]).bandwidth_Bps
+        srv = r.get("server_link_rate")
+        links = (w, Link.from_rate(srv).bandwidth_Bps if isinstance(srv, str) and srv else w)
+    return lambda n, s: chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, links, cap))
 
 
 def color_of(series: Series, i_ps: int) -> str:
@@ -133,17 +149,23 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
         link, server_link = series_link(s, calibration)
         c = compute_time(runs, s)
         if s.sync in MODEL_OF and link is not None and c and m_bytes:
-            mc = model_curve(grid, c, m_bytes, link, MODEL_OF[s.sync], s.servers, server_link)
+            chunks = ps_chunks(s, m_bytes) if s.sync == "ps" else None
+            mc = model_curve(grid, c, m_bytes, link, MODEL_OF[s.sync], s.servers, server_link, chunks=chunks)
             ax.plot(mc["workers"], mc["speedup"], color=color, linestyle="--", linewidth=1.2)
             ax2.plot(mc["workers"], mc["sync_s"] * 1e3, color=color, linestyle="--", linewidth=1.2)
+            if s.sync == "ps":  # the sequential formula beside the bound, to show what pipelining buys
+                seq = model_curve(grid, c, m_bytes, link, "ps", s.servers, server_link)
+                ax2.plot(seq["workers"], seq["sync_s"] * 1e3, color=color, linestyle=":", linewidth=1)
             any_model = True
     if any_model:
         for a in (ax, ax2):
-            a.plot([], [], color="0.4", linestyle="--", label="cost model, no overlap (dashed, colour as line)")
+            a.plot([], [], color="0.4", linestyle="--", label="cost model, no overlap (dashed, colour as line; "
+                                                              "ps: pipelined bound)")
+        ax2.plot([], [], color="0.4", linestyle=":", label="ps without pipelining (push, then pull)")
         r = runs.iloc[0]
         if r.get("net") == "emulated" and isinstance(r.get("link_rate"), str):
             alpha = f"α = {calibration.alpha_s * 1e6:.0f} µs (calibration)" if calibration else "α = 0 (no calibration)"
-            ax.plot([], [], " ", label=f"model: B = the emulated link rate, {alpha}")
+            ax.plot([], [], " ", label=f"model: B = the emulated link rate × TCP's payload share, {alpha}")
         elif calibration_note:
             ax.plot([], [], " ", label=calibration_note)
     else:
