@@ -1,0 +1,77 @@
+"""``psring bench``'s command line: flags over the [bench] table of a TOML file over defaults (kept apart
+from ``psring/cli.py`` so that each file stays about one thing)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import MODELS, ConfigError
+
+BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
+                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None,
+                  "floor": False, "force": False}
+
+
+def bench_settings(a) -> dict:
+    """Flags given on the command line win over the [bench] table of FILE, which wins over defaults."""
+    settings = dict(BENCH_DEFAULTS)
+    if a.file:
+        import tomllib
+
+        try:
+            table = tomllib.loads(Path(a.file).read_text()).get("bench", {})
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read bench file {a.file}: {e}") from None
+        unknown = set(table) - set(settings)
+        if unknown:
+            raise ConfigError(f"{a.file}: unknown key(s) in [bench]: {', '.join(sorted(unknown))}")
+        settings.update({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in table.items()})
+    settings.update({k: v for k, v in vars(a).items() if k in settings and v is not None})
+    return settings
+
+
+def cmd_bench(a) -> int:
+    from .runner import parse_size, run_bench, size_range
+
+    b = bench_settings(a)
+    try:
+        if b["sizes"]:
+            sizes = [parse_size(str(x)) for x in str(b["sizes"]).split(",")]
+        else:
+            sizes = size_range(parse_size(str(b["min_size"])), parse_size(str(b["max_size"])), int(b["factor"]))
+        chunk = parse_size(str(b["chunk"]))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    strategies = [x for x in str(b["strategies"]).split(",") if x]
+    bad = set(strategies) - {"allreduce", "ps"}
+    if bad or not strategies:
+        raise ConfigError(f"--strategies takes allreduce and/or ps, got {b['strategies']!r}")
+    if b["workers"] < 1 or b["iters"] < 1 or b["warmup"] < 0 or not sizes or b["factor"] < 2:
+        raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
+    if b["model"] is not None and b["model"] not in MODELS:
+        raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
+    run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
+              floor=bool(b["floor"]), force=bool(b["force"]))
+    return 0
+
+
+
+def add_bench_parser(sub) -> None:
+    """``psring bench``'s sub-parser, on the ``add_subparsers`` object of ``psring``."""
+    b = sub.add_parser("bench", help="synchronizers alone vs their raw transports, per message size")
+    b.add_argument("file", nargs="?", help="optional TOML with a [bench] table, e.g. experiments/message_size.toml")
+    b.add_argument("--workers", "-n", type=int, help="workers N (default 2)")
+    b.add_argument("--strategies", help="comma-separated: allreduce, ps (S=1 and S=N); default both")
+    b.add_argument("--min-size", help="default 4K")
+    b.add_argument("--max-size", help="default 128M")
+    b.add_argument("--factor", type=int, help="size step between --min-size and --max-size (default 4)")
+    b.add_argument("--sizes", help="explicit comma-separated sizes, e.g. 4K,1M,44M (overrides the range)")
+    b.add_argument("--warmup", type=int, help="untimed iterations per size (default 5)")
+    b.add_argument("--iters", type=int, help="timed iterations per size (default 20)")
+    b.add_argument("--chunk", help="frame size of the raw ZeroMQ echo (default 1M)")
+    b.add_argument("--out", help="output directory (default results/bench)")
+    b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
+    b.add_argument("--floor", action="store_const", const=True,
+                   help="ps: also time echo servers that run the SGD update (raw_zmq_echo_sgd), the PS's floor")
+    b.add_argument("--force", action="store_const", const=True,
+                   help="start even if the measured memory footprint says this machine cannot hold it")
+    b.set_defaults(func=cmd_bench)
