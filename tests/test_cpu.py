@@ -128,3 +128,17 @@ def test_speedup_figure_without_saturation_is_drawn_as_before(saturated):
     fig = figure_speedup(runs_table(saturated))
     assert hollow_points(fig) == [] and HOLLOW_NOTE not in legend_texts(fig)
     assert all(ln.get_markevery() is None for ax in fig.axes for ln in ax.lines)
+
+
+def test_sync_phase_utilisation_decides_saturation_when_long_enough():
+    """A step that waits out emulated compute dilutes the whole-step figure; the sync phase's own
+    samples (start and end of Synchronizer.step) say whether the communication ran CPU-bound."""
+    df = records([0, 40, 80, 120], [0, 200, 400, 600], workers=1)  # whole steps: 20% busy
+    df["cpu_sync"] = [[0, 0, 19, 20], [40, 100, 96, 160], [80, 300, 137, 360], [120, 500, 177, 560]]
+    s = summarize(df, workers=1, warmup=1)
+    assert s["cpu_util"] == pytest.approx(0.2)
+    assert s["cpu_util_sync"] == pytest.approx((56 + 57 + 57) / 180)
+    assert s["cpu_saturated"] is True
+    df["cpu_sync"] = [[0, 0, 1, 2], [40, 100, 41, 102], [80, 300, 81, 302], [120, 500, 121, 502]]
+    s = summarize(df, workers=1, warmup=1)  # 6 ticks of sync: too short to tell, the whole step decides
+    assert s["cpu_util_sync"] is None and s["cpu_saturated"] is False

@@ -41,6 +41,9 @@ class StepRecord:
     test_acc: float | None = None  # held-out accuracy after this step (at the end of an epoch)
     wire_tx_bytes: int | None = None  # bytes the kernel counted on this worker's own link (--net emulated)
     wire_rx_bytes: int | None = None
+    # (busy, total) jiffies of all cores at the start and the end of Synchronizer.step: the CPU of the
+    # communication phase alone (compute emulated as a wait would dilute a whole step's utilisation)
+    cpu_sync: list | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)

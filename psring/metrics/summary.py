@@ -4,6 +4,9 @@ Warm-up steps (the first ``warmup``) are left out of every figure except ``first
 A step's wall time is the slowest worker's ``step_s`` (a synchronous step ends when its last worker does).
 ``cpu_util`` is the machine's CPU utilisation (all cores) over the timed steps, from rank 0's records:
 from the end of the last warm-up step (or the log's opening) to the end of the last timed step.
+``cpu_util_sync`` the same during the timed steps' ``Synchronizer.step`` alone; ``cpu_saturated`` (the
+utilisation that decides whether a measured sync time is the link's or the CPU's) is
+``cpu_util_sync >= 0.9`` where the sync phases are long enough to tell, else ``cpu_util >= 0.9``.
 """
 from __future__ import annotations
 
@@ -57,7 +60,9 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
         out[f"share_{ph[:-2]}"] = _num(col.sum() / step_total) if ok and step_total > 0 else None
     out["sync_share"] = out["share_sync"]
     out["cpu_util"] = _num(cpu_utilisation(steps, timed_ids))
-    out["cpu_saturated"] = None if out["cpu_util"] is None else out["cpu_util"] >= SATURATED
+    out["cpu_util_sync"] = _num(sync_cpu_utilisation(steps, timed_ids))
+    decides = out["cpu_util_sync"] if out["cpu_util_sync"] is not None else out["cpu_util"]
+    out["cpu_saturated"] = None if decides is None else decides >= SATURATED
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
     for k in ("wire_tx_bytes", "wire_rx_bytes"):  # counted by the kernel per worker (--net emulated)
@@ -100,6 +105,22 @@ def cpu_utilisation(steps: pd.DataFrame, timed_ids: list) -> float | None:
     end = r0.loc[max(timed_ids), ["cpu_busy", "cpu_total"]]
     pairs = [tuple(pd.to_numeric(x, errors="coerce")) for x in (start, end)]
     return None if any(pd.isna(v) for p in pairs for v in p) else utilisation(*pairs)
+
+
+MIN_SYNC_JIFFIES = 50  # below this (0.25 s of 2 cores) the sync phase is too short to tell
+
+
+def sync_cpu_utilisation(steps: pd.DataFrame, timed_ids: list) -> float | None:
+    """Rank 0's CPU utilisation during ``Synchronizer.step`` over the timed steps: Σ Δbusy / Σ Δtotal
+    of its ``cpu_sync`` samples. None without them or when the phases add up to too few ticks."""
+    if "cpu_sync" not in steps:
+        return None
+    r0 = steps[(steps["rank"] == 0) & steps["step"].isin(timed_ids)]
+    samples = [s for s in r0["cpu_sync"] if isinstance(s, list) and len(s) == 4]
+    if not samples or len(samples) < len(r0):
+        return None
+    busy, total = sum(s[2] - s[0] for s in samples), sum(s[3] - s[1] for s in samples)
+    return busy / total if total >= MIN_SYNC_JIFFIES else None
 
 
 def staleness_summary(servers: pd.DataFrame) -> dict:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..config import TrainConfig
 from ..fileio import CAUSES, describe, torch_save_atomic
+from ..metrics.cpu import cpu_times
 from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
@@ -82,8 +83,10 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             t3 = clock.now()
             if emu is None:
                 compute_s = t3 - tc  # this step's own forward+backward, without the straggler's sleep
+            cpu0 = cpu_times()
             st = sync.step(step)
             t4 = clock.now()
+            cpu1 = cpu_times()
             wire_tx, wire_rx = wire.delta()
             epoch, t = batches.epoch_of(step)
             acc = None
@@ -96,7 +99,8 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
                              None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
                              st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
                              st.messages if cfg.trace else None, epoch=epoch, test_acc=acc,
-                             wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx)
+                             wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx,
+                             cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
             log.write(rec)
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
                 print_step(rec, cfg)
