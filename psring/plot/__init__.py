@@ -3,7 +3,8 @@
 What is drawn depends on what the folder holds:
 
 * a sweep's ``runs.csv`` -> ``speedup`` (measured, ideal and cost-model speedup and sync time vs N)
-  and ``breakdown`` (median phase times per strategy and N); without ``runs.csv``, the
+  and ``breakdown`` (median phase times per strategy and N), and for ps runs at one N with several S
+  ``servers`` (sync time vs S beside its bound, the ring's beside); without ``runs.csv``, the
   ``summary.json`` files of its run folders give ``breakdown`` alone;
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
@@ -26,10 +27,12 @@ from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
+from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info
 
-__all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_speedup", "figure_timeline", "main", "model_curve",
+__all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_servers", "figure_speedup",
+           "figure_timeline", "main", "model_curve",
            "plot_results", "show", "timeline_runs"]
 
 
@@ -73,6 +76,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
             written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
         if "step_s_p50" in runs:
             written += save(figure_breakdown(runs), out, "breakdown", formats)
+        if has_server_curve(runs):
+            written += save(figure_servers(runs, link), out, "servers", formats)
 
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:

@@ -1,0 +1,73 @@
+"""Every run beside its own α-β bound: the physical limit of its strategy on its links.
+
+A comparison of two designs means something only when each implementation is near its own bound
+(nccl-tests reports busbw for the same reason); otherwise it compares implementations. For a row of a
+sweep's ``runs.csv`` on emulated links:
+
+* ``allreduce``, ``ddp``: the ring, ``2(N-1) alpha + 2(N-1)/N * M/B`` (``costmodel.ring_allreduce``);
+* ``ps``: the pipelined PS, ``2 alpha + T (1 + 1/k)`` with ``T = max(M/B_w, N*M/(S*B_s))`` and k the
+  chunks per server the run used (``costmodel.ps``; ``sharding.chunk_bytes`` fits them as the run did).
+
+B is the emulated rate at TCP's payload share (``costmodel.TCP_GOODPUT``), alpha a calibration's.
+Example::
+
+    runs = with_bounds(pd.read_csv("results/bandwidth/runs.csv"), alpha_s=2e-4)
+    runs[["sync", "workers", "servers", "sync_s_p50", "bound_s", "over_bound"]]
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from . import costmodel as cm
+from .sync.ps.sharding import chunk_bytes, chunks_per_server
+
+PS_DEFAULT_CAP = 4 << 20  # --bucket-mb of the PS when a row does not say
+
+
+def _rate(v) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def gradient_bytes_of(row) -> float:
+    """M of a run from the bytes one worker sends per step: ps sends M (plus its headers, about 0.1%),
+    all-reduce 2(N-1)/N * M (counted by the algorithm)."""
+    n, sent = int(row["workers"]), float(row["bytes_sent_per_step"])
+    return sent if row["sync"] == "ps" else sent * n / (2 * (n - 1))
+
+
+def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
+    """The α-β bound of one sync step of this run (s); NaN where it has none (no emulated link, N = 1)."""
+    n = int(row["workers"])
+    if row.get("net") != "emulated" or not _rate(row.get("link_rate")) or n < 2:
+        return math.nan
+    w = cm.Link.from_rate(row["link_rate"], alpha_s, cm.TCP_GOODPUT)
+    srv = _rate(row.get("server_link_rate"))
+    s_link = cm.Link.from_rate(srv, alpha_s, cm.TCP_GOODPUT) if srv else w
+    if row["sync"] in ("allreduce", "ddp"):
+        return cm.ring_allreduce(n, m_bytes, w)
+    if row["sync"] != "ps":
+        return math.nan
+    s = int(row["servers"])
+    cap = PS_DEFAULT_CAP if pd.isna(row.get("bucket_mb")) else int(float(row["bucket_mb"]) * 2**20)
+    nominal = (cm.Link.from_rate(row["link_rate"]).bandwidth_Bps,
+               cm.Link.from_rate(srv or row["link_rate"]).bandwidth_Bps)  # as PSSync fits its chunks
+    k = chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, nominal, cap))
+    return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=k)
+
+
+def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None = None) -> pd.DataFrame:
+    """``runs`` with ``bound_s`` (the α-β bound of its sync step), ``over_bound`` (median sync time /
+    bound) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
+    ``m_bytes``: M (default: the smallest count of a ps run's bytes per step, else from all-reduce)."""
+    df = runs.copy()
+    if m_bytes is None:
+        ps = df[(df["sync"] == "ps") & df["bytes_sent_per_step"].notna()]
+        rows = ps if not ps.empty else df[(df["workers"] > 1) & df["bytes_sent_per_step"].notna()]
+        m_bytes = min(gradient_bytes_of(r) for _, r in rows.iterrows()) if not rows.empty else math.nan
+    df["bound_s"] = [bound_s(r, m_bytes, alpha_s) for _, r in df.iterrows()]
+    df["over_bound"] = df["sync_s_p50"] / df["bound_s"]
+    saturated = df["cpu_saturated"].fillna(False).astype(bool) if "cpu_saturated" in df else False
+    df["link_bound"] = df["bound_s"].notna() & ~saturated
+    return df
