@@ -153,7 +153,13 @@ def _comparable(cfg: dict) -> dict:
 def is_finished(run_dir: Path, cfg: TrainConfig) -> bool:
     try:
         done = json.loads((run_dir / "config.json").read_text())
-        return (run_dir / "summary.json").exists() and _comparable(done) == _comparable(cfg.to_dict())
+        now = _comparable(cfg.to_dict())
+        # an option added after the run was made counts as the same when this run leaves it at its default
+        defaults = _comparable(TrainConfig().to_dict())
+        for k in set(now) - set(done):
+            if now[k] == defaults.get(k):
+                del now[k]
+        return (run_dir / "summary.json").exists() and _comparable(done) == now
     except (OSError, json.JSONDecodeError):
         return False
 

@@ -153,3 +153,19 @@ def test_plots_show_the_baseline_in_every_panel_and_take_compute_from_it():
     assert compute_time(spread, series[0]) == pytest.approx(0.35)  # the baseline's, not ps N=1's 1.5
     alone = runs[runs["sync"] != "none"]
     assert compute_time(alone, split_series(alone)[0]) is None  # no fallback to the series' N=1 run
+
+
+def test_a_run_made_before_an_option_existed_is_still_finished_at_that_options_default(tmp_path):
+    import json
+
+    from psring.config import TrainConfig
+    from psring.sweep import is_finished
+
+    cfg = TrainConfig(sync="ps", workers=2, servers=2, out=str(tmp_path)).validate()
+    old = cfg.to_dict()
+    del old["ps_window"]  # config.json of a run made before --ps-window existed
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    (tmp_path / "summary.json").write_text("{}")
+    assert is_finished(tmp_path, cfg)
+    cfg.ps_window = 2  # not the default: that run did not run with it
+    assert not is_finished(tmp_path, cfg)
