@@ -23,7 +23,8 @@ def label(cfg: dict) -> str:
 
 
 def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
-    """(config, rank 0's evaluated steps [step, wall_s, test_acc], summary) of every run with accuracy."""
+    """(config, rank 0's evaluated steps [step, wall_s, test_acc], summary) of every run with accuracy
+    (where some ran with N > 1, less the sweep's one-worker ``none`` baselines)."""
     found = []
     for d in sorted(Path(folder).glob("runs/*")):
         steps, cfg_file = d / "steps.jsonl", d / "config.json"
@@ -37,6 +38,9 @@ def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
         ev = r0[r0["test_acc"].notna()].assign(wall_s=lambda x: x["time"] - start)[["step", "wall_s", "test_acc"]]
         summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
         found.append((json.loads(cfg_file.read_text()), ev, summary))
+    if any(c.get("workers", 1) > 1 for c, _, _ in found):  # a sweep's speedup baseline (none, N=1, batch B)
+        found = [f for f in found if not (f[0].get("sync") == "none" and f[0].get("workers", 1) == 1)]
+        # trains on a global batch N times smaller: another run, not a point of this comparison
     return found
 
 
