@@ -16,9 +16,12 @@ from psring.plot.speedup import compute_time, figure_speedup, model_curve, split
 from psring.plot.timeline import load_segments, segments_from_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir())
+# results/chaos is a table of kills survived (chaos.csv), no runs to draw
+RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name != "chaos")
 # The figures each committed folder must give, at least (any further folder: just some figure).
 EXPECTED = {
+    "bandwidth": {"speedup", "breakdown"},
+    "servers": {"servers", "speedup"},
     "compare": {"speedup", "breakdown", "timeline_sync-ps_workers-2_servers-2",
                 "timeline_sync-allreduce_workers-2_servers-1"},
     "scaling": {"speedup", "breakdown", "timeline_sync-ps_workers-4_servers-4",
