@@ -80,10 +80,10 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             t2 = clock.now()
             model.zero_grad(set_to_none=False)
             loss.backward()
+            cpu0 = cpu_times()  # before t3: the read must not count as synchronization
             t3 = clock.now()
             if emu is None:
                 compute_s = t3 - tc  # this step's own forward+backward, without the straggler's sleep
-            cpu0 = cpu_times()
             st = sync.step(step)
             t4 = clock.now()
             cpu1 = cpu_times()
