@@ -30,11 +30,34 @@ def _rate(v) -> str | None:
     return v if isinstance(v, str) and v else None
 
 
-def gradient_bytes_of(row) -> float:
-    """M of a run from the bytes one worker sends per step: ps sends M (plus its headers, about 0.1%),
-    all-reduce 2(N-1)/N * M (counted by the algorithm)."""
-    n, sent = int(row["workers"]), float(row["bytes_sent_per_step"])
-    return sent if row["sync"] == "ps" else sent * n / (2 * (n - 1))
+def is_num(x) -> bool:
+    try:
+        return x is not None and not math.isnan(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def gradient_bytes(runs: pd.DataFrame) -> float | None:
+    """M, the bytes of gradients each worker synchronizes, from a run table: all-reduce rows report
+    exactly 2(N-1)/N*M per step (derived), ps rows count M plus a few hundred bytes of headers."""
+    if "bytes_sent_per_step" not in runs:
+        return None
+    ar = runs[runs["sync"].isin(["allreduce", "ddp"]) & (runs["workers"] > 1)
+              & runs["bytes_sent_per_step"].map(is_num)]
+    ar = ar[ar["bytes_sent_per_step"] > 0]
+    if not ar.empty:
+        r = ar.iloc[0]
+        return float(r["bytes_sent_per_step"]) * r["workers"] / (2 * (r["workers"] - 1))
+    ps = runs[(runs["sync"] == "ps") & runs["bytes_sent_per_step"].map(is_num)]
+    return float(ps["bytes_sent_per_step"].min()) if not ps.empty else None
+
+
+def ps_chunks_per_server(row, n: int, s: int, m_bytes: float) -> int:
+    """k, the chunks per server a ps run with ``row``'s settings uses at N = n, S = s: its chunk size
+    fitted to its emulated link as ``PSSync`` fits it (``sharding.chunk_bytes``), capped by ``bucket_mb``."""
+    cap = int(float(row["bucket_mb"]) * 2**20) if is_num(row.get("bucket_mb")) else PS_DEFAULT_CAP
+    links = cm.emulated_links_Bps(row.get("net"), row.get("link_rate"), row.get("server_link_rate"))
+    return chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, links, cap))
 
 
 def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
@@ -50,22 +73,16 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     if row["sync"] != "ps":
         return math.nan
     s = int(row["servers"])
-    cap = PS_DEFAULT_CAP if pd.isna(row.get("bucket_mb")) else int(float(row["bucket_mb"]) * 2**20)
-    nominal = (cm.Link.from_rate(row["link_rate"]).bandwidth_Bps,
-               cm.Link.from_rate(srv or row["link_rate"]).bandwidth_Bps)  # as PSSync fits its chunks
-    k = chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, nominal, cap))
-    return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=k)
+    return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=ps_chunks_per_server(row, n, s, m_bytes))
 
 
 def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None = None) -> pd.DataFrame:
     """``runs`` with ``bound_s`` (the α-β bound of its sync step), ``over_bound`` (median sync time /
     bound) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
-    ``m_bytes``: M (default: the smallest count of a ps run's bytes per step, else from all-reduce)."""
+    ``m_bytes``: M (default: ``gradient_bytes`` of the table)."""
     df = runs.copy()
     if m_bytes is None:
-        ps = df[(df["sync"] == "ps") & df["bytes_sent_per_step"].notna()]
-        rows = ps if not ps.empty else df[(df["workers"] > 1) & df["bytes_sent_per_step"].notna()]
-        m_bytes = min(gradient_bytes_of(r) for _, r in rows.iterrows()) if not rows.empty else math.nan
+        m_bytes = gradient_bytes(df) or math.nan
     df["bound_s"] = [bound_s(r, m_bytes, alpha_s) for _, r in df.iterrows()]
     df["over_bound"] = df["sync_s_p50"] / df["bound_s"]
     saturated = df["cpu_saturated"].fillna(False).astype(bool) if "cpu_saturated" in df else False

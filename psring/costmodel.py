@@ -64,6 +64,20 @@ class Link:
         return cls(alpha_s, float(m.group(1)) * _RATE[m.group(2)] * goodput)
 
 
+def emulated_links_Bps(net, link_rate, server_link_rate=None) -> tuple[float, float] | None:
+    """(worker, server) link rates in bytes/s of a run's settings on an emulated network (the server's
+    rate defaults to the workers'), else None: where psring knows the links, and fits the PS to them.
+
+    >>> emulated_links_Bps("emulated", "1gbit"), emulated_links_Bps("loopback", "1gbit")
+    ((125000000.0, 125000000.0), None)
+    """
+    if net != "emulated" or not (isinstance(link_rate, str) and link_rate):
+        return None
+    w = Link.from_rate(link_rate).bandwidth_Bps
+    return w, (Link.from_rate(server_link_rate).bandwidth_Bps if isinstance(server_link_rate, str)
+               and server_link_rate else w)
+
+
 def ring_allreduce(n: int, m_bytes: float, link: Link) -> float:
     """Ring all-reduce: reduce-scatter then all-gather, each N-1 steps of M/N bytes per host (Thakur
     et al.): ``2(N-1) alpha + 2(N-1)/N * M/B``.

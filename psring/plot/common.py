@@ -3,13 +3,13 @@ and reading a folder's run table (``runs.csv``, or the ``summary.json`` of its r
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import matplotlib
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ..bounds import gradient_bytes, is_num  # noqa: F401 - part of this module's interface
 from ..costmodel import Link, load_calibration
 from ..sweep import BASELINE_FREE, baseline_of, setting_text
 
@@ -73,13 +73,6 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def is_num(x) -> bool:
-    try:
-        return x is not None and not math.isnan(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
 def run_folders(folder: Path, max_depth: int = 3) -> list[Path]:
     """Run folders under ``folder`` (ones with ``steps.jsonl``, ``ranks/`` or ``trace.json``), sorted."""
     found = []
@@ -140,21 +133,6 @@ def find_calibration(folder: Path, given: str | Path | None = None) -> tuple[Lin
     if given:
         raise FileNotFoundError(f"calibration file {given} not found")
     return None, ""
-
-
-def gradient_bytes(runs: pd.DataFrame) -> float | None:
-    """M, the bytes of gradients each worker synchronizes, from a run table: all-reduce rows report
-    exactly 2(N-1)/N*M per step (derived), ps rows count M plus a few hundred bytes of headers."""
-    if "bytes_sent_per_step" not in runs:
-        return None
-    ar = runs[runs["sync"].isin(["allreduce", "ddp"]) & (runs["workers"] > 1)
-              & runs["bytes_sent_per_step"].map(is_num)]
-    ar = ar[ar["bytes_sent_per_step"] > 0]
-    if not ar.empty:
-        r = ar.iloc[0]
-        return float(r["bytes_sent_per_step"]) * r["workers"] / (2 * (r["workers"] - 1))
-    ps = runs[(runs["sync"] == "ps") & runs["bytes_sent_per_step"].map(is_num)]
-    return float(ps["bytes_sent_per_step"].min()) if not ps.empty else None
 
 
 def spread_baselines(runs: pd.DataFrame) -> pd.DataFrame:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..costmodel import STRATEGIES, TCP_GOODPUT, Link, predicted_speedup
-from ..sync.ps.sharding import chunk_bytes, chunks_per_server
+from ..bounds import ps_chunks_per_server
 from ..sweep import baseline_of
 from .common import (
     PS_COLORS,
@@ -114,16 +114,9 @@ def series_link(series: Series, calibration: Link | None) -> tuple[Link | None, 
 
 
 def ps_chunks(series: Series, m_bytes: float):
-    """(n, s) -> the chunks per server a ps run at N = n, S = s used: its chunk size is fitted to the
-    emulated link the way ``PSSync`` fits it (``sharding.chunk_bytes``), capped by its ``bucket_mb``."""
+    """(n, s) -> the chunks per server a ps run of this series used at N = n, S = s (``bounds``)."""
     r = series.rows.iloc[0]
-    cap = int(float(r["bucket_mb"]) * 2**20) if is_num(r.get("bucket_mb")) else 4 << 20
-    links = None
-    if r.get("net") == "emulated" and isinstance(r.get("link_rate"), str):
-        w = Link.from_rate(r["link_rate"]).bandwidth_Bps
-        srv = r.get("server_link_rate")
-        links = (w, Link.from_rate(srv).bandwidth_Bps if isinstance(srv, str) and srv else w)
-    return lambda n, s: chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, links, cap))
+    return lambda n, s: ps_chunks_per_server(r, n, s, m_bytes)
 
 
 def color_of(series: Series, i_ps: int) -> str:

@@ -35,9 +35,6 @@ def make_synchronizer(cfg: TrainConfig) -> Synchronizer:
 
 def links_Bps(cfg: TrainConfig) -> tuple[float, float] | None:
     """(worker, server) link rates in bytes/s where psring knows them (an emulated network), else None."""
-    if cfg.net != "emulated":
-        return None
-    from ..costmodel import Link
+    from ..costmodel import emulated_links_Bps
 
-    w = Link.from_rate(cfg.link_rate).bandwidth_Bps
-    return w, (Link.from_rate(cfg.server_link_rate).bandwidth_Bps if cfg.server_link_rate else w)
+    return emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate)
