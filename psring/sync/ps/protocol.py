@@ -161,13 +161,16 @@ def parse_meta(meta) -> tuple[str, torch.dtype, tuple[int, ...], int]:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return dtype.itemsize
+
+
+# zmq frames are read-only and psring only ever reads from a view of one; the warning is filtered once
+# here by its message, not per frame with ``catch_warnings`` (which costs more than decoding the frame)
+warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
 
 
 def _view(buf, dtype: torch.dtype) -> torch.Tensor:
-    with warnings.catch_warnings():  # zmq frames are read-only; we only ever read from this view
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buf, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype)
 
 
 def frame_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
