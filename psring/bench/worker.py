@@ -23,9 +23,10 @@ from ..allocator import keep_freed_memory
 from ..config import OptimConfig
 from ..launch.children import Children
 from ..launch.launcher import start_listeners
-from ..sync.allreduce import AllReduceSync
+from ..sync.allreduce import TorchAllReduce
 from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
+from ..sync.reducer import ReduceSync
 from ..train.models import build_model
 
 
@@ -148,7 +149,7 @@ def run(spec: dict) -> int:
             floors = []
             if strategy == "allreduce":
                 flat = torch.randn(nbytes // 4)
-                sync = AllReduceSync(pg, OptimConfig(), spec.get("bucket_mb", 25.0))
+                sync = ReduceSync(TorchAllReduce(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
                                   spec["warmup"], spec["iters"])

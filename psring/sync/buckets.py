@@ -27,7 +27,8 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -65,6 +66,15 @@ class Member:
         return t.view(-1)[self.lo:self.hi]
 
 
+class BucketRange(NamedTuple):
+    """Elements ``[start, end)`` of space ``space``'s flat buffer, launched in order with the other
+    buckets of ``group`` (all-reduce: one group; PS: the server that owns it)."""
+    space: int
+    start: int
+    end: int
+    group: int = 0
+
+
 @dataclass
 class Bucket:
     index: int
@@ -73,9 +83,8 @@ class Bucket:
     end: int
     members: list[Member]
     flat: torch.Tensor
+    group: int = 0  # the launch order it is in (BucketRange.group)
     ready: int = 0
-    launched_at: float = 0.0
-    extra: dict = field(default_factory=dict)  # per-strategy state; "group": the launch order it is in
 
     @property
     def nbytes(self) -> int:
@@ -94,8 +103,8 @@ def flat_layout(named_params) -> list[Space]:
 
 
 def whole_param_ranges(spaces: list[list[int]], itemsizes: list[int], cap_bytes: int,
-                       first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
-    """(space, start, end, group 0) per bucket: consecutive whole parameters, capped by bytes (a parameter
+                       first_cap_bytes: int) -> list[BucketRange]:
+    """A ``BucketRange`` (group 0) per bucket: consecutive whole parameters, capped by bytes (a parameter
     larger than the cap is a bucket of its own), the first bucket capped by ``first_cap_bytes``.
     ``spaces``: per dtype, the element counts of its parameters in layout order."""
     out = []
@@ -104,11 +113,11 @@ def whole_param_ranges(spaces: list[list[int]], itemsizes: list[int], cap_bytes:
         for numel in sizes:
             cap = first_cap_bytes if not out else cap_bytes
             if end > start and (end - start + numel) * itemsize > cap:
-                out.append((s, start, end, 0))
+                out.append(BucketRange(s, start, end))
                 start = end
             end += numel
         if end > start:
-            out.append((s, start, end, 0))
+            out.append(BucketRange(s, start, end))
     return out
 
 
@@ -117,16 +126,16 @@ def space_sizes(layout: list[Space]) -> tuple[list[list[int]], list[int]]:
     return [[p.numel() for _, p, _ in sp.members] for sp in layout], [sp.dtype.itemsize for sp in layout]
 
 
-def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> list[tuple[int, int, int, int]]:
+def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
     """``whole_param_ranges`` of a layout (all-reduce's buckets, as DDP cuts them)."""
     return whole_param_ranges(*space_sizes(layout), cap_bytes, first_cap_bytes)
 
 
 class GradBuckets:
-    def __init__(self, layout: list[Space], ranges: list[tuple[int, int, int, int]],
+    def __init__(self, layout: list[Space], ranges: list[BucketRange],
                  on_ready: Callable[[Bucket], None], device: torch.device | None = None):
-        """``ranges``: (space, start, end, group) per bucket, covering every space exactly, in launch
-        order within each group."""
+        """``ranges``: one ``BucketRange`` (or a 4-tuple in its field order) per bucket, covering every
+        space exactly, in launch order within each group."""
         self.layout, self.on_ready = layout, on_ready
         for sp in layout:
             dev = device or (sp.members[0][1].device if sp.members else None)
@@ -140,11 +149,11 @@ class GradBuckets:
                 p.grad = view  # autograd accumulates into the bucket in place: no copy at launch time
                 self._of[id(p)] = ([], view)
                 p.register_post_accumulate_grad_hook(self._hook)
-        for i, (s, start, end, group) in enumerate(ranges):
+        for i, (s, start, end, group) in enumerate(BucketRange(*r) for r in ranges):
             sp = self.layout[s]
             members = [Member(n, p, max(start, off) - off, min(end, off + p.numel()) - off, max(start, off) - start)
                        for n, p, off in sp.members if off < end and off + p.numel() > start]
-            b = Bucket(i, s, start, end, members, sp.flat[start:end], extra={"group": group})
+            b = Bucket(i, s, start, end, members, sp.flat[start:end], group)
             self.buckets.append(b)
             covered[s].append((start, end))
             for m in members:
@@ -153,9 +162,9 @@ class GradBuckets:
             spans = sorted(covered[s])
             if [a for a, _ in spans] != [0] + [e for _, e in spans[:-1]] or (spans[-1][1] if spans else 0) != sp.numel:
                 raise ValueError(f"bucket ranges of space {s} do not cover its {sp.numel} elements exactly once")
-        groups = 1 + max((b.extra["group"] for b in self.buckets), default=0)
+        groups = 1 + max((b.group for b in self.buckets), default=0)
         self._ready: set[int] = set()
-        self._order = [[b.index for b in self.buckets if b.extra["group"] == g] for g in range(groups)]
+        self._order = [[b.index for b in self.buckets if b.group == g] for g in range(groups)]
         self._next = [0] * groups  # per group: position in _order of its next bucket to launch
 
     def _hook(self, p: nn.Parameter) -> None:
@@ -167,7 +176,7 @@ class GradBuckets:
             b.ready += 1
             if b.ready == len(b.members):
                 self._ready.add(b.index)
-                self._launch_in_order(b.extra["group"])
+                self._launch_in_order(b.group)
 
     def _launch_in_order(self, g: int) -> None:
         order = self._order[g]

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 
-from ..buckets import whole_param_ranges
+from ..buckets import BucketRange, whole_param_ranges
 
 
 def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
-                cap_bytes: int, split: bool = False) -> list[tuple[int, int, int, int]]:
+                cap_bytes: int, split: bool = False) -> list[BucketRange]:
     """(space, start, end, server) per chunk, in chunk order. ``spaces``: per dtype, the element counts
     of its parameters in layout order. Each space is cut into a multiple of ``servers`` equal chunks (to
     one element) of at most ``cap_bytes``; the round-robin over servers continues from one space to the
@@ -46,7 +46,7 @@ def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
         n = min(numel, servers * max(1, math.ceil(per_server / max(cap_bytes, itemsize))))
         bounds = [numel * j // n for j in range(n + 1)]
         for j in range(n):
-            out.append((s, bounds[j], bounds[j + 1], i % servers))
+            out.append(BucketRange(s, bounds[j], bounds[j + 1], i % servers))
             i += 1
     return out
 

@@ -45,6 +45,11 @@ from .protocol import Pieces
 from .sharding import chunk_bytes, default_window, plan_chunks
 
 
+def chunk_key(b: Bucket) -> str:
+    """A chunk's key on its server (the protocol's tensor name)."""
+    return f"c{b.index}"
+
+
 class PSSync(Synchronizer):
     name = "ps"
 
@@ -80,11 +85,11 @@ class PSSync(Synchronizer):
         chunks = plan_chunks(sizes, itemsizes, len(self.addrs), cap, split=self.links_Bps is not None)
         self.buckets = GradBuckets(self.layout, chunks, self._on_ready, self.device)
         self.chunks: list[list[Bucket]] = [[] for _ in self.addrs]  # per server, in launch order
+        # per chunk, the memory its push leaves from: the gradient buffer itself, or on GPU a pinned copy
+        self.host = {b.index: b.flat if self.device.type == "cpu" else torch.empty(
+            b.flat.shape, dtype=b.flat.dtype, pin_memory=True) for b in self.buckets.buckets}
         for b in self.buckets.buckets:
-            b.extra["key"] = f"c{b.index}"
-            b.extra["host"] = b.flat if self.device.type == "cpu" else torch.empty(
-                b.flat.shape, dtype=b.flat.dtype, pin_memory=True)
-            self.chunks[b.extra["group"]].append(b)
+            self.chunks[b.group].append(b)
         self.optimizer = make_local_optimizer([p for _, p in named], self.optim_cfg, grad_divisor=self.world) \
             if self.aggregate else None
         self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
@@ -93,7 +98,7 @@ class PSSync(Synchronizer):
             values = [torch.cat([p.detach().reshape(-1).cpu() for _, p, _ in sp.members]) for sp in self.layout]
             init = {"op": "init", "optim": optim_header(self.optim_cfg), **self.semantics.header(),
                     "version": start}
-            reqs = [self.client.send(s, init, [(b.extra["key"], values[b.space][b.start:b.end]) for b in chunks],
+            reqs = [self.client.send(s, init, [(chunk_key(b), values[b.space][b.start:b.end]) for b in chunks],
                                      [kt for b in chunks for kt in self._chunk_state(b, opt_state)])
                     for s, chunks in enumerate(self.chunks)]
             for s, req in enumerate(reqs):
@@ -103,9 +108,9 @@ class PSSync(Synchronizer):
         for s, req in enumerate(reqs):
             named_reply = self.client.recv(s, req)[1]
             keys = [k for k, _ in named_reply]
-            if keys != [b.extra["key"] for b in self.chunks[s]]:
+            if keys != [chunk_key(b) for b in self.chunks[s]]:
                 raise RuntimeError(f"PS server {s} holds chunks {keys[:3]}..., expected "
-                                   f"{[b.extra['key'] for b in self.chunks[s]][:3]}... (another run's server?)")
+                                   f"{[chunk_key(b) for b in self.chunks[s]][:3]}... (another run's server?)")
             for (_, t), b in zip(named_reply, self.chunks[s]):
                 self._load_params(t, b, alias=not self.aggregate)
         self.cur = start
@@ -120,7 +125,7 @@ class PSSync(Synchronizer):
         (Adam's ``step`` is per tensor: the chunk's first parameter's, the same for all of them)."""
         if not by_param:
             return []
-        key, first = b.extra["key"], by_param[b.members[0].name]
+        key, first = chunk_key(b), by_param[b.members[0].name]
         return [(f"{kind}/{key}", first[kind] if kind == "step" else
                  torch.cat([m.in_param(by_param[m.name][kind].contiguous()) for m in b.members]))
                 for kind in first]
@@ -172,7 +177,7 @@ class PSSync(Synchronizer):
                                                                dtype=torch.float32 if kind == "step" else p.dtype)
         for b in self.buckets.buckets:
             for kind in kinds:
-                t = chunk_state[f"{kind}/{b.extra['key']}"]
+                t = chunk_state[f"{kind}/{chunk_key(b)}"]
                 for m in b.members:
                     dst = opt_state[f"{kind}/{m.name}"]
                     if kind == "step":
@@ -197,8 +202,8 @@ class PSSync(Synchronizer):
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap:
-            self.queued[b.extra["group"]].append(b)
-            self._pump(b.extra["group"])
+            self.queued[b.group].append(b)
+            self._pump(b.group)
         else:
             self.deferred.append(b)
 
@@ -221,12 +226,12 @@ class PSSync(Synchronizer):
             busy += 1
 
     def _push(self, b: Bucket) -> None:
-        s, host = b.extra["group"], b.extra["host"]
+        s, host = b.group, self.host[b.index]
         t = time.perf_counter()
         if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
             host.copy_(b.flat, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
-        req = self.client.send(s, {"op": "pushpull", "step": self.cur}, [(b.extra["key"], host)])
+        req = self.client.send(s, {"op": "pushpull", "step": self.cur}, [(chunk_key(b), host)])
         sent = time.perf_counter()
         reply = [sent, f"params of chunk {b.index} from server {s}", None]  # duration set on arrival
         self.messages += [[t, f"push chunk {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
@@ -252,9 +257,9 @@ class PSSync(Synchronizer):
     def _reply(self, s: int, named: list, b: Bucket) -> None:
         """A pushpull's reply: the chunk's new values into the parameters, or (aggregate) the gradient
         sum into the chunk's buffer (the ``.grad`` the local optimizer reads; what it held was pushed)."""
-        if [k for k, _ in named] != [b.extra["key"]]:
+        if [k for k, _ in named] != [chunk_key(b)]:
             raise RuntimeError(f"PS server {s} answered with {[k for k, _ in named][:3]}, expected "
-                               f"[{b.extra['key']!r}]")
+                               f"[{chunk_key(b)!r}]")
         t = named[0][1]
         if not self.aggregate:
             self._load_params(t, b, alias=True)
@@ -273,7 +278,7 @@ class PSSync(Synchronizer):
         t0 = self.clock.now()
         self.buckets.flush()
         for b in self.deferred:
-            self.queued[b.extra["group"]].append(b)
+            self.queued[b.group].append(b)
         for s in range(len(self.addrs)):
             self._pump(s)
         t1 = self.clock.now()

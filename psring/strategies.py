@@ -1,0 +1,153 @@
+"""The strategy registry: every synchronization strategy, by name, with what the rest of psring needs to
+know about it. CLI choices and help, validation, the launcher, bench, sweeps, compare, bounds, plots
+and the cost model ask this module; no other code compares a strategy's name.
+
+Adding a strategy is one implementation module and one ``Strategy(...)`` entry in ``REGISTRY`` (see
+docs/ARCHITECTURE.md, "How to add a strategy"). This module imports nothing heavy: each entry's
+``build`` imports its implementation when a worker starts.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import TrainConfig
+    from .sync.base import Synchronizer
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One strategy. ``build(cfg)`` makes this process's synchronizer (rank and world from torchrun's
+    environment). ``process_group``: it needs torch.distributed; ``servers``: it needs parameter servers
+    (``--servers``, ``--ps-addrs``, the PS options). ``baseline``: the no-communication run every speedup
+    is taken against. ``cost_model``: its key in ``costmodel.STRATEGIES`` (None: it moves no bytes).
+    ``bench_raw``: the raw transport ``psring bench`` times it against (None: not benchable).
+    ``sync_timed``: whether its communication can be timed apart from backward (DDP's cannot).
+    ``bucket_mb``: its default ``--bucket-mb``. ``deferrable``: it honours ``--no-overlap``. ``options``: the config sections (``config.SECTIONS``)
+    it reads beyond the common ones; an option of another strategy's section left off its default is
+    refused. ``reducer``: for the "reduce, then local optimizer" family (``sync.reducer.ReduceSync``),
+    ``reducer(process_group_info) -> Reducer``; ``build`` wraps it, and ``psring bench`` times it
+    against a flat ``dist.all_reduce``."""
+
+    name: str
+    help: str
+    label: str
+    color: str
+    build: Callable[[TrainConfig], Synchronizer]
+    process_group: bool = False
+    servers: bool = False
+    baseline: bool = False
+    cost_model: str | None = None
+    bench_raw: str | None = None
+    sync_timed: bool = True
+    bucket_mb: float = 25.0
+    deferrable: bool = True
+    options: tuple[str, ...] = ()
+    reducer: Callable | None = None
+
+
+def _env():
+    from .sync.process_group import env_rank, local_device
+
+    rank, world, local = env_rank()
+    return rank, world, local_device(local)
+
+
+def _group(cfg: TrainConfig):
+    from .sync.process_group import init_process_group
+
+    return init_process_group(cfg.backend, cfg.timeout_s)
+
+
+def _reduce(cfg: TrainConfig, reducer) -> Synchronizer:
+    from .sync.reducer import ReduceSync
+
+    return ReduceSync(reducer, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.timeout_s)
+
+
+def _none(cfg: TrainConfig) -> Synchronizer:
+    from .sync.none import NoSync
+
+    rank, world, device = _env()
+    return NoSync(rank, world, device, cfg.optim)
+
+
+def _torch_allreduce(pg):
+    from .sync.allreduce import TorchAllReduce
+
+    return TorchAllReduce(pg)
+
+
+def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
+    """``build`` of a strategy of the reducer family: its reducer on this process's group, in ReduceSync."""
+    return lambda cfg: _reduce(cfg, REGISTRY[name].reducer(_group(cfg)))
+
+
+def _ddp(cfg: TrainConfig) -> Synchronizer:
+    from .sync.ddp import DDPSync
+
+    return DDPSync(_group(cfg), cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb)
+
+
+def _ps(cfg: TrainConfig) -> Synchronizer:
+    from .costmodel import emulated_links_Bps
+    from .sync.ps.synchronizer import PSSync
+
+    rank, world, device = _env()
+    return PSSync(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
+                  cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
+                  curve=cfg.curve, window=cfg.ps_window,
+                  links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate))
+
+
+REGISTRY: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("ps", "parameter servers: push gradients, pull parameters (ZeroMQ)", "ps", "tab:red", _ps,
+             servers=True, cost_model="ps", bench_raw="raw_zmq_echo", bucket_mb=4.0, options=("ps",)),
+    Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
+             "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
+             bench_raw="raw_allreduce", reducer=_torch_allreduce),
+    Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
+             process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False),
+    Strategy("none", "no communication: each worker trains alone (N=1: the baseline of every speedup)",
+             "no communication", "tab:gray", _none, baseline=True),
+)}
+
+
+def names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def get(name: str) -> Strategy:
+    """The entry of ``name``; ``ValueError`` naming the choices for anything else."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; one of {', '.join(REGISTRY)}") from None
+
+
+def where(**flags) -> tuple[str, ...]:
+    """The names of the strategies whose fields equal ``flags``, e.g. ``where(servers=True)``."""
+    return tuple(n for n, s in REGISTRY.items() if all(getattr(s, k) == v for k, v in flags.items()))
+
+
+def uses_servers(name) -> bool:
+    """Whether ``name`` (a strategy name, or anything read back from a table) runs parameter servers."""
+    s = REGISTRY.get(name) if isinstance(name, str) else None
+    return bool(s and s.servers)
+
+
+def is_baseline(name) -> bool:
+    s = REGISTRY.get(name) if isinstance(name, str) else None
+    return bool(s and s.baseline)
+
+
+def attr(name, field: str, default=None):
+    """``get(name).<field>`` for a known strategy, else ``default`` (tables may hold other names)."""
+    s = REGISTRY.get(name) if isinstance(name, str) else None
+    return getattr(s, field) if s is not None else default
+
+
+def baseline_name() -> str:
+    return where(baseline=True)[0]
