@@ -93,13 +93,13 @@ def _ddp(cfg: TrainConfig) -> Synchronizer:
 
 def _ps(cfg: TrainConfig) -> Synchronizer:
     from .costmodel import emulated_links_Bps
-    from .sync.ps.synchronizer import PSSync
+    from .sync.ps.synchronizer import make_ps
 
     rank, world, device = _env()
-    return PSSync(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
-                  cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
-                  curve=cfg.curve, window=cfg.ps_window,
-                  links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate))
+    return make_ps(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
+                   cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
+                   curve=cfg.curve, window=cfg.ps_window,
+                   links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate))
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (

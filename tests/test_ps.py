@@ -98,7 +98,7 @@ def test_every_dtype_and_shape_round_trips_bit_exactly():
              for name, dt in WIRE_DTYPES.items() for shape in [(), (0, 3), (2, 3, 5)]]
     metas, frames = P.encode_tensors(named)
     header = P.unpack_header(P.pack_header({"tensors": metas}))
-    decoded = P.decode_tensors(header, [bytes(f) for f in frames])  # the wire hands us copies
+    decoded = [(k, t.tensor()) for k, t in P.decode_tensors(header, [bytes(f) for f in frames])]  # from copies
     assert [k for k, _ in decoded] == [k for k, _ in named]
     for (key, a), (_, b) in zip(named, decoded):
         assert (b.dtype, b.shape) == (a.dtype, a.shape), key
@@ -244,7 +244,7 @@ def step_both(clients, step: int, g0, g1) -> list[dict]:
         c.recv(0, push)
         header, named = c.recv(0, pull)
         assert header["version"] == step + 1
-        pulled.append({k: t.clone() for k, t in named})
+        pulled.append({k: t.owned() for k, t in named})
     return pulled
 
 
@@ -302,7 +302,7 @@ def test_bad_requests_get_errors_and_change_nothing(server, clients):
     expected = sgd(dict(INIT), g0, g1)
     for c in clients:
         _, named = c.call(0, {"op": "pull", "version": 1})
-        assert all(torch.equal(t, expected[k]) for k, t in named) and len(named) == len(expected)
+        assert all(torch.equal(t.tensor(), expected[k]) for k, t in named) and len(named) == len(expected)
     with pytest.raises(PSError, match="step"):
         c1.call(0, {"op": "push", "step": 0}, g1)  # stale step after the update
     g0, g1 = grads(3), grads(4)
@@ -320,7 +320,7 @@ def test_pull_of_future_version_waits_for_every_worker(server, clients):
     assert c1.socks[0].poll(300) == 0, "pull of version 0 answered before init"
     c0.call(0, {"op": "init", "optim": OPTIM}, INIT)
     header, named = c1.recv(0, early)
-    assert header["version"] == 0 and all(torch.equal(t, dict(INIT)[k]) for k, t in named)
+    assert header["version"] == 0 and all(torch.equal(t.tensor(), dict(INIT)[k]) for k, t in named)
     g0, g1 = grads(5), grads(6)
     c0.call(0, {"op": "push", "step": 0}, g0)
     pull = c0.send(0, {"op": "pull", "version": 1})
@@ -328,7 +328,7 @@ def test_pull_of_future_version_waits_for_every_worker(server, clients):
     c1.call(0, {"op": "push", "step": 0}, g1)
     header, named = c0.recv(0, pull)  # waits up to 10 s
     expected = sgd(dict(INIT), g0, g1)
-    assert header["version"] == 1 and all(torch.equal(t, expected[k]) for k, t in named)
+    assert header["version"] == 1 and all(torch.equal(t.tensor(), expected[k]) for k, t in named)
 
 
 # --- tensors split over several frames --------------------------------------------------------------
@@ -341,9 +341,9 @@ def test_large_tensors_split_over_frames_round_trip_exactly():
     assert metas[0][3] == 4 and len(metas[1]) == 3 and len(frames) == 5  # 4000 B -> 4 frames of <= 1000 B
     header = P.unpack_header(P.pack_header({"tensors": metas}))
     (k1, big), (k2, sm) = P.decode_tensors(header, [bytes(f) for f in frames])
-    assert (k1, k2) == ("big", "small") and isinstance(big, P.Pieces) and torch.equal(sm, small)
+    assert (k1, k2) == ("big", "small") and big.nframes > 1 and torch.equal(sm.tensor(), small)
     assert big.shape == t.shape and big.dtype == t.dtype
-    assert torch.equal(big.join(), t)
+    assert torch.equal(big.tensor(), t)
     acc = torch.ones(1000)
     big.add_into(acc)
     assert torch.equal(acc, torch.ones(1000) + t)
@@ -374,9 +374,9 @@ def test_live_server_aggregates_split_tensors_exactly(server):
         for c, push, pull in reqs:
             c.recv(0, push)
             _, [(key, got)] = c.recv(0, pull)
-            assert key == "w" and isinstance(got, P.Pieces)
+            assert key == "w" and got.nframes > 1
             expected = init.clone().add_((torch.zeros(3000) + g0 + g1).div_(2), alpha=-LR)  # the server's sums
-            assert torch.equal(got.join(), expected)
+            assert torch.equal(got.tensor(), expected)
     finally:
         c0.close()
         c1.close()

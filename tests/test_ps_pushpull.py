@@ -25,14 +25,14 @@ def test_pushpull_waits_for_every_worker_then_returns_new_values(server):  # noq
         for c, reqs in ((c0, r0), (c1, r1)):
             for req, (key, _) in zip(reqs, INIT):
                 header, [(got_key, got)] = c.recv(0, req)
-                assert header["version"] == 1 and got_key == key and torch.equal(got, expected[key])
+                assert header["version"] == 1 and got_key == key and torch.equal(got.tensor(), expected[key])
         # step 1 is accepted right away: the version advanced with the last key's update
         r0 = c0.send(0, {"op": "pushpull", "step": 1}, grads(3))
         r1 = c1.send(0, {"op": "pushpull", "step": 1}, grads(4))
         expected = sgd(expected, grads(3), grads(4))
         for c, req in ((c0, r0), (c1, r1)):
             _, named = c.recv(0, req)
-            assert all(torch.equal(t, expected[k]) for k, t in named) and len(named) == len(INIT)
+            assert all(torch.equal(t.tensor(), expected[k]) for k, t in named) and len(named) == len(INIT)
     finally:
         c0.close()
         c1.close()
@@ -70,7 +70,7 @@ def test_fused_update_bit_exact_with_torch_sgd_for_split_frames_and_two_workers(
             gs = [torch.randn(5000) for _ in range(workers)]
             for w, g in enumerate(gs):
                 named = split_frames([("w", g)], 4096)
-                assert isinstance(named[0][1], P.Pieces)
+                assert named[0][1].nframes > 1
                 store.push(w, t, named)
             p.grad = gs[0].clone() if workers == 1 else (gs[0] + gs[1]).div_(2)
             opt.step()

@@ -248,7 +248,7 @@ def test_live_asp_answers_at_once(server):  # noqa: F811
             c1.call(0, {"op": "init", "optim": PLAIN, "design": "aggregate"}, KEYS)
         c1.call(0, {"op": "pull", "version": 0})
         header, named = c0.call(0, {"op": "pushpull", "step": 0}, g(1.0))
-        assert header["version"] == 0 and all(torch.equal(t, torch.full_like(t, -0.1)) for _, t in named)
+        assert header["version"] == 0 and all(torch.equal(t.tensor(), torch.full_like(t.tensor(), -0.1)) for _, t in named)
         header, _ = c0.call(0, {"op": "pushpull", "step": 1}, g(1.0))  # runs ahead of worker 1
         assert server.store.semantics.consistency == "asp" and server.store.clocks.clock == [2, 0]
     finally:
@@ -267,11 +267,11 @@ def test_live_aggregate_answers_with_sums_and_refuses_later_pulls(server):  # no
         reqs = [(c, c.send(0, {"op": "pushpull", "step": 0}, g(v))) for c, v in ((c0, 1.0), (c1, 2.5))]
         for c, req in reqs:
             header, named = c.recv(0, req)
-            assert header["version"] == 1 and all(torch.equal(t, torch.full_like(t, 3.5)) for _, t in named)
+            assert header["version"] == 1 and all(torch.equal(t.tensor(), torch.full_like(t.tensor(), 3.5)) for _, t in named)
         with pytest.raises(PSError, match="aggregate"):
             c0.call(0, {"op": "pull", "version": 1})
         _, named = c1.call(0, {"op": "pull", "version": 0})
-        assert all(torch.equal(t, dict(KEYS)[k]) for k, t in named)
+        assert all(torch.equal(t.tensor(), dict(KEYS)[k]) for k, t in named)
     finally:
         c0.close()
         c1.close()

@@ -16,7 +16,7 @@ from psring.sync.ps import protocol as P
 from psring.sync.ps.client import PSClient, PSError
 from psring.sync.ps.server import ParameterServer
 from psring.sync.ps.store import ShardStore
-from psring.sync.ps.synchronizer import PSSync
+from psring.sync.ps.synchronizer import make_ps
 
 SGD = {"name": "sgd", "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4}
 ADAM = {"name": "adam", "lr": 1e-2, "betas": [0.8, 0.99], "eps": 1e-7, "weight_decay": 5e-4}
@@ -184,7 +184,7 @@ def bsp_step(cs, t):
     for c, req in zip(cs, reqs):
         header, named = c.recv(0, req)
         assert header["version"] == t + 1
-        out.append({k: v.join() if isinstance(v, P.Pieces) else v.clone() for k, v in named})
+        out.append({k: v.owned() for k, v in named})
     return out
 
 
@@ -203,9 +203,9 @@ def test_state_op_and_init_with_state_over_zeromq():
         assert header["version"] == 2 and header["clocks"] is None and header["optim"]["name"] == "adam"
         assert (header["design"], header["consistency"]) == ("server-optimizer", "bsp")
         assert [k for k, _ in params] == list(SHAPES) and len(header["opt_state"]) == 3 * len(SHAPES)
-        assert isinstance(dict(params)["big"], P.Pieces)  # split over frames on the way out
-        opt_state = [(k, v.join() if isinstance(v, P.Pieces) else v.clone()) for k, v in header["opt_state"]]
-        params = [(k, v.join() if isinstance(v, P.Pieces) else v.clone()) for k, v in params]
+        assert dict(params)["big"].nframes > 1  # split over frames on the way out
+        opt_state = [(k, v.owned()) for k, v in header["opt_state"]]
+        params = [(k, v.owned()) for k, v in params]
         with pytest.raises(PSError, match="no tensor frames"):
             ca[0].call(0, {"op": "state"}, [("w", torch.zeros(1))])
         with pytest.raises(PSError, match="outside"):
@@ -214,7 +214,7 @@ def test_state_op_and_init_with_state_over_zeromq():
             cb[0].call(0, {"op": "init", "optim": ADAM, "version": 2}, params, opt_state[1:])
         cb[0].call(0, {"op": "init", "optim": ADAM, "version": 2}, params, opt_state)
         _, pulled = cb[1].call(0, {"op": "pull", "version": 2})
-        assert all(torch.equal(P.Pieces.join(v) if isinstance(v, P.Pieces) else v, dict(params)[k]) for k, v in pulled)
+        assert all(torch.equal(v.tensor(), dict(params)[k]) for k, v in pulled)
         for t in (2, 3):
             ra, rb = bsp_step(ca, t), bsp_step(cb, t)
             assert all(torch.equal(ra[w][k], rb[w][k]) for w in (0, 1) for k in SHAPES), t
@@ -254,7 +254,7 @@ def test_pssync_state_dict_and_resume_continue_exactly(optim, design, servers, c
     cfg = OptimConfig(**{**optim, "betas": tuple(optim.get("betas", (0.9, 0.999)))})
 
     def make(addrs, mb=0.0001):
-        return PSSync(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=mb, design=design)
+        return make_ps(0, 1, torch.device("cpu"), addrs, cfg, timeout_s=10, bucket_mb=mb, design=design)
 
     with live_server(1) as s0, live_server(1) as s1:
         sync = make([s0.address, s1.address])
@@ -286,7 +286,7 @@ def test_pssync_state_dict_and_resume_continue_exactly(optim, design, servers, c
             model.load_state_dict(weights)
             sync.resume_from(state, 3)
             model = sync.attach(model)
-            assert sync.cur == 3 and all(srv.store.version == 3 for srv in live)
+            assert getattr(sync, "reducer", sync).tr.step == 3 and all(srv.store.version == 3 for srv in live)
             train(sync, model, range(3, 5))
             got = model.state_dict()
         finally:

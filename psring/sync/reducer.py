@@ -106,11 +106,12 @@ class Reducer(ABC):
     name = ""
     wait_phase = "reduce_wait_s"  # the steps.jsonl column of ``ReduceSync``'s wait for this reducer
 
+    uses_thread = False  # True: ReduceSync gives this reducer a CommThread (``self.comm``)
+
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
         self.comm: CommThread | None = None  # set by ``ReduceSync`` when ``uses_thread``
-
-    uses_thread = False  # True: ReduceSync gives this reducer a CommThread (``self.comm``)
+        self.resume: tuple[dict, int] | None = None  # set by ``ReduceSync`` before ``attach`` when resuming
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
         """How to cut the flat gradient buffers into buckets: by default DDP's (whole parameters)."""
@@ -128,9 +129,25 @@ class Reducer(ABC):
     def wire_bytes(self, bucket: Bucket) -> tuple[int, int]:
         """(bytes sent, bytes received) by this worker for one reduction of ``bucket``."""
 
+    def step_bytes(self, buckets: list[Bucket]) -> tuple[int, int]:
+        """(sent, received) by this worker in the step just waited for; by default ``wire_bytes`` summed
+        (a reducer that counts real frames overrides this)."""
+        sent = recv = 0
+        for b in buckets:
+            s, r = self.wire_bytes(b)
+            sent, recv = sent + s, recv + r
+        return sent, recv
+
+    def end_step(self) -> None:
+        """After every bucket of a step was waited for (and its bytes read)."""
+
     def take_messages(self) -> list:
         """Finer trace messages than one per bucket ([name, start perf_counter, duration]); emptied."""
         return []
+
+    def state_dict(self) -> dict:
+        """What a checkpoint needs from the reducer besides the local optimizer (e.g. the PS servers')."""
+        return {}
 
     def close(self) -> None:
         """Release what ``attach`` set up."""
@@ -154,6 +171,7 @@ class ReduceSync(Synchronizer):
                                    self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
+        self.reducer.resume = self.resume
         self.reducer.attach(model, self.buckets.buckets)
         self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                               grad_divisor=self.world)
@@ -176,19 +194,24 @@ class ReduceSync(Synchronizer):
         for b in self.deferred:
             self._launch(b)
         self.deferred.clear()
-        messages, sent, recv = [], 0, 0
+        messages = []
         for b, launched, handle in self.inflight:
             handle.wait()
             messages.append([f"{self.name} bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", launched - p0,
                              time.perf_counter() - launched])
-            s, r = self.reducer.wire_bytes(b)
-            sent, recv = sent + s, recv + r
+        sent, recv = self.reducer.step_bytes(self.buckets.buckets)
+        messages += [[name, t - p0, dur] for name, t, dur in self.reducer.take_messages()]
+        self.reducer.end_step()
         self.inflight.clear()
         self.buckets.reset()
         t1 = self.clock.now()
-        messages += [[name, t - p0, dur] for name, t, dur in self.reducer.take_messages()]
         update_s = timed_update(self.optimizer, self.device)
         return SyncStats(t1 - t0, update_s, sent, recv, {self.reducer.wait_phase: t1 - t0}, messages=messages)
+
+    def state_dict(self) -> dict:
+        if self.inflight or self.deferred:
+            raise RuntimeError(f"{self.name}: state_dict between steps only (gradients are on their way)")
+        return {**self.reducer.state_dict(), **super().state_dict()}
 
     def close(self) -> None:
         if self.reducer.comm is not None:

@@ -21,7 +21,7 @@ from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
 from ...config import OptimConfig
-from .protocol import Pieces, ProtocolError
+from .protocol import ProtocolError, received
 
 OPTIM_FIELDS = ("name", "lr", "momentum", "weight_decay", "betas", "eps")
 
@@ -66,7 +66,7 @@ def state_kinds(cfg: OptimConfig | None) -> tuple[str, ...]:
 
 
 def check_opt_state(kinds: tuple[str, ...], params: dict[str, torch.Tensor], named: list) -> dict:
-    """An init's ``opt_state`` -> ``{(kind, key): tensor or Pieces}``: nothing at all (fresh state), or
+    """An init's ``opt_state`` -> ``{(kind, key): Received}``: nothing at all (fresh state), or
     exactly one tensor of every kind for every key, each of the right dtype and shape; else a
     ``ProtocolError`` (checked before the shard changes)."""
     out: dict[tuple[str, str], object] = {}
@@ -84,7 +84,7 @@ def check_opt_state(kinds: tuple[str, ...], params: dict[str, torch.Tensor], nam
         if t.shape != shape or t.dtype != dtype:
             raise ProtocolError(f"init: optimizer state {name!r:.80} is {t.dtype} {tuple(t.shape)}, "
                                 f"expected {dtype} {tuple(shape)}")
-        out[(kind, key)] = t
+        out[(kind, key)] = received(t)
     if out and len(out) != len(kinds) * len(params):
         kind, key = next((k, p) for p in params for k in kinds if (k, p) not in out)
         raise ProtocolError(f"init: optimizer state incomplete: no {kind}/{key}")
@@ -92,10 +92,7 @@ def check_opt_state(kinds: tuple[str, ...], params: dict[str, torch.Tensor], nam
 
 
 def _load(dst: torch.Tensor, src) -> None:
-    if isinstance(src, Pieces):
-        src.copy_into(dst)
-    else:
-        dst.copy_(src.reshape(dst.shape))
+    src.copy_into(dst)
 
 
 class ServerSGD:

@@ -186,12 +186,21 @@ def frame_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tenso
     return _view(buf, dtype).view(shape)
 
 
-class Pieces:
-    """A tensor that arrived in several frames: ``parts`` are (element offset, 1-D read-only view).
-    It is used where it lands (``add_into``, ``copy_into``) without first joining the frames."""
+class Received:
+    """A tensor as it arrived, in one frame or several: ``parts`` are (element offset, 1-D read-only view
+    of one frame). Every user reads it through this one interface, whatever the frame count: it is
+    used where it lands (``copy_into``, ``add_into``, ``regions``) without first joining the frames;
+    ``tensor()`` is a zero-copy view when it came in one frame."""
 
     def __init__(self, dtype: torch.dtype, shape: tuple[int, ...], parts: list[tuple[int, torch.Tensor]]):
         self.dtype, self.shape, self.parts = dtype, torch.Size(shape), parts
+
+    @property
+    def nframes(self) -> int:
+        return len(self.parts)
+
+    def numel(self) -> int:
+        return self.shape.numel()
 
     def add_into(self, dst: torch.Tensor) -> None:
         flat = dst.view(-1)
@@ -206,19 +215,36 @@ class Pieces:
     def regions(self, dst: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         """(element offset into ``dst`` flattened, 1-D view of that part): where each frame belongs."""
         if dst.shape != self.shape:
-            raise ValueError(f"Pieces of shape {tuple(self.shape)} cannot land in {tuple(dst.shape)}")
+            raise ValueError(f"a tensor of shape {tuple(self.shape)} cannot land in {tuple(dst.shape)}")
         return self.parts
 
-    def join(self) -> torch.Tensor:
+    def tensor(self) -> torch.Tensor:
+        """The tensor: a read-only view of the frame (one frame), or the frames joined (a copy)."""
+        if len(self.parts) == 1:
+            return self.parts[0][1].view(self.shape)
+        return self.owned()
+
+    def owned(self) -> torch.Tensor:
+        """A copy that outlives the frames and may be written."""
         out = torch.empty(self.shape, dtype=self.dtype)
         self.copy_into(out)
         return out
 
 
-def _pieces(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) -> Pieces:
+def received(t) -> Received:
+    """``t`` as a ``Received`` (a plain tensor, e.g. in-process callers of the store, is wrapped without
+    a copy; a ``Received`` is returned as is)."""
+    if isinstance(t, Received):
+        return t
+    return Received(t.dtype, tuple(t.shape), [(0, t.detach().reshape(-1))])
+
+
+def _received(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) -> Received:
     numel = 1
     for d in shape:
         numel *= d
+    if len(bufs) == 1:  # one frame: its length must be exactly dtype x shape
+        return Received(dtype, shape, [(0, frame_tensor(bufs[0], dtype, shape).view(-1))])
     itemsize, parts, off = _itemsize(dtype), [], 0
     for buf in bufs:
         size = nbytes(buf)
@@ -229,12 +255,12 @@ def _pieces(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) ->
         off += n
     if off != numel:
         raise ProtocolError(f"tensor {key!r:.80}: its frames hold {off} items, shape needs {numel}")
-    return Pieces(dtype, shape, parts)
+    return Received(dtype, shape, parts)
 
 
-def decode_tensors(header: dict, frames: list) -> list[tuple[str, torch.Tensor | Pieces]]:
-    """Pair the header's ``tensors`` descriptions with the raw frames that follow it: a tensor sent in
-    one frame comes back as a tensor viewing it, one sent in several as ``Pieces``."""
+def decode_tensors(header: dict, frames: list) -> list[tuple[str, Received]]:
+    """Pair the header's ``tensors`` descriptions with the raw frames that follow it, each as a
+    ``Received`` viewing its frames (no copy)."""
     return decode_sections(header, frames)["tensors"]
 
 
@@ -255,10 +281,7 @@ def decode_sections(header: dict, frames: list, fields: tuple[str, ...] = ("tens
     for field, ps in parsed.items():
         named = out[field] = []
         for key, dtype, shape, nframes in ps:
-            if nframes == 1:
-                named.append((key, frame_tensor(frames[i], dtype, shape)))
-            else:
-                named.append((key, _pieces(key, frames[i:i + nframes], dtype, shape)))
+            named.append((key, _received(key, frames[i:i + nframes], dtype, shape)))
             i += nframes
     return out
 

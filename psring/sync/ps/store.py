@@ -25,7 +25,7 @@ import torch
 
 from .consistency import Clocks, Semantics, parse_semantics
 from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
-from .protocol import MAX_VERSION, Pieces, ProtocolError
+from .protocol import MAX_VERSION, ProtocolError, Received, received
 
 
 class ShardStore:
@@ -58,6 +58,7 @@ class ShardStore:
             raise ProtocolError("shard already initialised (a second init arrived)")
         if not named:
             raise ProtocolError("init carries no tensors")
+        named = [(k, received(t)) for k, t in named]
         if type(version) is not int or not 0 <= version <= MAX_VERSION:
             raise ProtocolError(f"init: 'version' must be an int in 0..{MAX_VERSION}, got {version!r:.40}")
         cfg = parse_optim(optim)
@@ -72,7 +73,7 @@ class ShardStore:
         loaded = check_opt_state(state_kinds(None if aggregate else cfg), dict(named), opt_state or [])
         self.cfg, self.semantics, self.aggregate = cfg, sem, aggregate
         for key, t in named:
-            p = t.join() if isinstance(t, Pieces) else t.clone()
+            p = t.owned()
             p.grad = torch.zeros_like(p)
             self.params[key] = p
         self.opt = None if self.aggregate else make_server_optimizer(cfg, self.params)
@@ -127,9 +128,10 @@ class ShardStore:
             lead = self.semantics.staleness if self.semantics.consistency == "ssp" else None
             self.clocks.check(worker, step, list(seen), lead)
 
-    def push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> bool:
+    def push(self, worker: int, step: int, named: list[tuple[str, Received | torch.Tensor]]) -> bool:
         """Take a worker's gradients; True when this push advanced the version (BSP: completed the step;
         ASP/SSP: completed the slowest worker's step)."""
+        named = [(k, received(g)) for k, g in named]
         self.check_push(worker, step, named)
         if self.clocks is not None:
             return self._push_async(worker, step, named)
@@ -148,15 +150,10 @@ class ShardStore:
                 continue
             acc = self.sums[step % 2][key] if self.aggregate else p.grad
             first = self.count[key] == 1
-            if isinstance(g, Pieces):  # arrived in several frames: use each where it belongs
-                if first:
-                    g.copy_into(acc)
-                else:
-                    g.add_into(acc)
-            elif first:  # the first push copies, so the buffer never needs a zeroing pass
-                acc.copy_(g)
+            if first:  # the first push copies, so the buffer never needs a zeroing pass
+                g.copy_into(acc)
             else:
-                acc.add_(g)
+                g.add_into(acc)
             if self.count[key] == self.workers:
                 if not self.aggregate:
                     acc.div_(self.workers)  # mean of the workers' gradients = gradient of the global batch
@@ -178,18 +175,18 @@ class ShardStore:
             return True
         return False
 
-    def _regions(self, key: str, p: torch.Tensor, g) -> list[tuple]:
+    def _regions(self, key: str, p: torch.Tensor, g: Received) -> list[tuple]:
         """The update of ``key`` straight from the received gradient: one region per frame (SGD), or the
         whole key (Adam: a gradient split over frames is joined into ``p.grad`` first)."""
-        if not isinstance(g, Pieces):
-            return [(key, 0, p.view(-1), g.reshape(-1))]
+        if g.nframes == 1:
+            return [(key, 0, p.view(-1), g.parts[0][1])]
         if self.opt.whole:
             g.copy_into(p.grad)
             return [(key, 0, p.view(-1), p.grad.view(-1))]
         flat = p.view(-1)
         return [(key, o, flat[o:o + r.numel()], r) for o, r in g.regions(p)]
 
-    def _push_async(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> bool:
+    def _push_async(self, worker: int, step: int, named: list[tuple[str, Received]]) -> bool:
         t0 = time.perf_counter()
         ready = []
         for key, g in named:

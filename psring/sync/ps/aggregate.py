@@ -1,0 +1,107 @@
+"""``ps --ps-design aggregate``: the parameter servers only sum the workers' gradients; every worker runs
+the optimizer locally on the sum, exactly as after an all-reduce. So this design is a ``Reducer``
+(``sync.reducer``): ``ReduceSync`` owns the buckets, the overlap and the local optimizer, this module
+only moves a chunk's gradients to its server and the sum back.
+
+A chunk's reduction is its pushpull: ``launch`` queues it for its server (sent at once, or when the
+server has a credit free; ``transport``), and its handle's ``wait`` takes replies off the sockets, in
+each server's send order, copying each sum into its chunk's buffer (the ``.grad`` the optimizer reads;
+what it held was pushed), until its own is there. Servers hold the parameters of the start version
+only, so every worker starts from their copy and never pulls again (BSP only: ``consistency``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ...config import OptimConfig
+from ..buckets import Bucket, BucketRange, flat_layout
+from ..reducer import Handle, Reducer
+from . import session
+from .client import PSClient
+from .consistency import Semantics
+from .optimizers import optim_header
+from .sharding import default_window
+from .transport import ChunkTransport, chunk_ranges
+
+
+class _ChunkHandle(Handle):
+    def __init__(self, reducer: PSAggregate, b: Bucket):
+        self.reducer, self.b = reducer, b
+
+    def wait(self) -> None:
+        self.reducer.until(self.b)
+
+
+class PSAggregate(Reducer):
+    name = "ps"
+    wait_phase = "wait_s"
+
+    def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
+                 timeout_s: float, frame_bytes: int | None, semantics: Semantics, curve: str | None = None,
+                 window: int | None = None, links_Bps: tuple[float, float] | None = None):
+        super().__init__(rank, world, device)
+        self.addrs, self.optim_cfg, self.timeout_s, self.frame_bytes = addrs, optim, timeout_s, frame_bytes
+        self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
+        self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
+        self.client: PSClient | None = None
+
+    def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
+        return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes)
+
+    def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
+        self.layout = flat_layout(model.named_parameters())
+        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
+        self.tr = ChunkTransport(self.client, buckets, len(self.addrs), self.device, self.window)
+        start, opt_state = session.resume_point(self.resume, self.rank, True, True)
+        init = {"optim": optim_header(self.optim_cfg), **self.semantics.header()}
+        values = session.start(self.client, self.rank, self.layout, self.tr.chunks, init, start, opt_state)
+        for mine, vals in zip(self.tr.chunks, values):
+            for b, t in zip(mine, vals):
+                session.load_params(t, b, alias=False)  # the local optimizer writes the parameters
+        self.tr.step = start
+        self.done: set[int] = set()
+
+    def launch(self, bucket: Bucket) -> Handle:
+        self.tr.enqueue(bucket)
+        self.tr.pump(bucket.group)
+        return _ChunkHandle(self, bucket)
+
+    def until(self, b: Bucket) -> None:
+        """Use replies as they come (each server's in send order) until ``b``'s sum is in its buffer."""
+        tr = self.tr
+        while b.index not in self.done:
+            used = False
+            for s in range(len(tr.chunks)):
+                while (got := tr.take(s)) is not None:
+                    chunk, t = got
+                    t.copy_into(chunk.flat)
+                    self.done.add(chunk.index)
+                    tr.pump(s)
+                    used = True
+            if not used and b.index not in self.done:
+                tr.wait_any()
+
+    def wire_bytes(self, bucket: Bucket) -> tuple[int, int]:
+        raise NotImplementedError("the PS counts the bytes of its frames per step (step_bytes)")
+
+    def step_bytes(self, buckets: list[Bucket]) -> tuple[int, int]:
+        return self.tr.bytes()
+
+    def end_step(self) -> None:
+        self.done.clear()
+        self.tr.end_step()
+
+    def take_messages(self) -> list:
+        return [[name, t, dur] for t, name, dur in self.tr.messages]
+
+    def state_dict(self) -> dict:
+        """Rank 0: the servers' versions (what resuming checks); other ranks: {}."""
+        if self.rank != 0:
+            return {}
+        return session.servers_state(self.client, self.layout, [b for mine in self.tr.chunks for b in mine])
+
+    def close(self) -> None:
+        if self.client is not None:
+            session.say_done(self.client)
+            self.client = None

@@ -1,0 +1,138 @@
+"""What both PS designs do around the steps: initialise the servers, start every worker from their copy,
+and checkpoint or resume the servers' shards.
+
+Rank 0 initialises every server with its (seeded) initial weights, the optimizer settings, the design
+and the consistency model; every worker then pulls the start version, so all start from the servers'
+copy. Resuming, rank 0 inits every server with the model's parameters (loaded from the checkpoint),
+the saved optimizer state cut into its chunks, and the version of the step to continue at. State is
+kept by parameter name, so the number of servers (and the chunking) may differ from the checkpointed
+run's.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..buckets import Bucket, Space
+from .client import PSClient
+from .protocol import Received
+from .transport import chunk_key
+
+
+def resume_point(resume: tuple[dict, int] | None, rank: int, aggregate: bool,
+                 bsp: bool) -> tuple[int, dict[str, dict[str, torch.Tensor]]]:
+    """(first step, {parameter: {kind: tensor}} of saved server optimizer state) from a synchronizer's
+    ``resume``; (0, {}) for a fresh run. Only rank 0 gets the state: only it inits the servers."""
+    if resume is None:
+        return 0, {}
+    state, step = resume
+    if rank != 0:
+        return step, {}
+    if state.get("servers") is None and not aggregate:
+        raise ValueError("the checkpoint holds no PS server state (state_dict()['servers']): cannot resume "
+                         "the servers' optimizer")
+    for srv in state.get("servers") or []:
+        if bsp and srv["version"] != step:
+            raise ValueError(f"the checkpoint's servers are at step {srv['version']}, not at {step}, "
+                             f"the step to resume at")
+    by_param: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in (state.get("opt_state") or {}).items():
+        kind, _, param = name.partition("/")
+        by_param.setdefault(param, {})[kind] = t
+    return step, by_param
+
+
+def _chunk_state(b: Bucket, by_param: dict[str, dict[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """A chunk's slice of the saved per-parameter optimizer state, named ``KIND/KEY`` as init takes it
+    (Adam's ``step`` is per tensor: the chunk's first parameter's, the same for all of them)."""
+    if not by_param:
+        return []
+    key, first = chunk_key(b), by_param[b.members[0].name]
+    return [(f"{kind}/{key}", first[kind] if kind == "step" else
+             torch.cat([m.in_param(by_param[m.name][kind].contiguous()) for m in b.members]))
+            for kind in first]
+
+
+def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bucket]], init: dict,
+          version: int, opt_state: dict) -> list[list[Received]]:
+    """Rank 0 inits every server (``init``: the header's optim and semantics fields); then every worker
+    pulls ``version``. Returns per server the values of its chunks, in chunk order."""
+    if rank == 0:
+        values = [torch.cat([p.detach().reshape(-1).cpu() for _, p, _ in sp.members]) for sp in layout]
+        reqs = [client.send(s, {"op": "init", **init, "version": version},
+                            [(chunk_key(b), values[b.space][b.start:b.end]) for b in mine],
+                            [kt for b in mine for kt in _chunk_state(b, opt_state)])
+                for s, mine in enumerate(chunks)]
+        for s, req in enumerate(reqs):
+            client.recv(s, req)
+        del values
+    reqs = [client.send(s, {"op": "pull", "version": version}) for s in range(len(chunks))]
+    out = []
+    for s, req in enumerate(reqs):
+        named = client.recv(s, req)[1]
+        keys = [k for k, _ in named]
+        if keys != [chunk_key(b) for b in chunks[s]]:
+            raise RuntimeError(f"PS server {s} holds chunks {keys[:3]}..., expected "
+                               f"{[chunk_key(b) for b in chunks[s]][:3]}... (another run's server?)")
+        out.append([t for _, t in named])
+    return out
+
+
+def servers_state(client: PSClient, layout: list[Space], buckets: list[Bucket]) -> dict:
+    """Every server's shard state (the ``state`` op), put back together per parameter: ``{"servers":
+    [per server: {"version", "clocks", "optim", "semantics"}], "opt_state": {"KIND/PARAMETER": tensor}}``."""
+    reqs = [client.send(s, {"op": "state"}) for s in range(len(client.addrs))]
+    servers, chunk_state = [], {}
+    for s, req in enumerate(reqs):
+        header, _ = client.recv(s, req)
+        for name, t in header["opt_state"]:
+            chunk_state[name] = t.owned()
+        servers.append({"version": header["version"], "clocks": header["clocks"], "optim": header["optim"],
+                        "semantics": {k: header[k] for k in ("design", "consistency", "staleness")}})
+    kinds = sorted({name.partition("/")[0] for name in chunk_state})
+    opt_state = {}
+    for sp in layout:
+        for pname, p, _ in sp.members:
+            for kind in kinds:
+                opt_state[f"{kind}/{pname}"] = torch.empty(() if kind == "step" else p.shape,
+                                                           dtype=torch.float32 if kind == "step" else p.dtype)
+    for b in buckets:
+        for kind in kinds:
+            t = chunk_state[f"{kind}/{chunk_key(b)}"]
+            for m in b.members:
+                dst = opt_state[f"{kind}/{m.name}"]
+                if kind == "step":
+                    dst.copy_(t)
+                else:
+                    m.in_param(dst).copy_(m.in_bucket(t.reshape(-1)))
+    return {"servers": servers, "opt_state": opt_state}
+
+
+def load_params(t: Received, b: Bucket, alias: bool) -> None:
+    """A chunk's values into the parameters it covers. ``alias`` (CPU, server-optimizer): a parameter
+    wholly in the chunk becomes a view of the received frame, kept alive by the tensor; nothing on such a
+    worker writes parameters (the servers run the optimizer) and the next reply replaces the view.
+    Parameters split over chunks, and frames not aligned to their element size (ZeroMQ packs small
+    messages into a shared buffer), are copied."""
+    t = t.tensor().view(-1)  # one frame: a view; several (a server started with --frame-kb): joined once
+    alias = alias and t.device.type == "cpu" and b.flat.device.type == "cpu" and \
+        t.data_ptr() % t.element_size() == 0
+    with torch.no_grad():
+        for m in b.members:
+            src = m.in_bucket(t)
+            if alias and m.whole:
+                m.param.data = src.view(m.param.shape)
+            else:
+                m.in_param(m.param.data).copy_(src)
+
+
+def say_done(client: PSClient) -> None:
+    """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
+    client.timeout_ms = min(client.timeout_ms, 5000)
+    try:
+        reqs = [client.send(s, {"op": "done"}) for s in range(len(client.addrs))]
+        for s, req in enumerate(reqs):
+            client.recv(s, req)
+    except Exception:  # noqa: BLE001, S110 - a server already gone is the launcher's to report, not ours
+        pass
+    finally:
+        client.close()

@@ -1,0 +1,132 @@
+"""A worker's chunks on their servers, for both PS designs: how they are cut, how a step's pushpulls
+leave under credits, and how their replies come back in order.
+
+The model's parameters, as one flat vector in backward order, are cut into equal chunks spread
+round-robin over the servers (``sharding.plan_chunks``; fitted to the link where it is known). Each
+chunk is one bucket of ``buckets.GradBuckets`` (``.grad`` are views into the flat buffer), pushed as a
+``pushpull``: the server answers it once every worker's gradients for it arrived (and, in the
+server-optimizer design, its update ran). Frames go to ZeroMQ without copies: the chunk's own memory
+(on GPU, a pinned host copy made asynchronously, then waited for).
+
+Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
+sends its chunks in the same order, so with a window the N copies of a chunk reach its server
+together and its reply leaves while later chunks still arrive, instead of a fast TCP flow running
+ahead and the slowest flow's chunks all completing at the end (ByteScheduler's credits, SOSP'19).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..buckets import Bucket, BucketRange, space_sizes
+from .client import PSClient
+from .protocol import Received
+from .sharding import chunk_bytes, plan_chunks
+
+
+def chunk_key(b: Bucket) -> str:
+    """A chunk's key on its server (the protocol's tensor name)."""
+    return f"c{b.index}"
+
+
+def chunk_ranges(layout, world: int, servers: int, links_Bps, cap_bytes: int) -> list[BucketRange]:
+    """The chunks of ``layout`` for ``servers`` servers: fitted to the links where known, else ``cap``."""
+    sizes, itemsizes = space_sizes(layout)
+    m_bytes = sum(n * i for sp, i in zip(sizes, itemsizes) for n in sp)
+    cap = chunk_bytes(m_bytes, world, servers, links_Bps, cap_bytes)
+    return plan_chunks(sizes, itemsizes, servers, cap, split=links_Bps is not None)
+
+
+@dataclass
+class Sent:
+    """A pushpull on its way: its request id, its chunk, and its trace message (duration set on arrival)."""
+    req: int
+    bucket: Bucket
+    trace: list = field(default_factory=list)
+
+
+class ChunkTransport:
+    """This worker's pushpulls of one step, per server: sent (unanswered or not yet used) and queued
+    (ready, waiting for a credit)."""
+
+    def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int):
+        self.client, self.window = client, window
+        self.chunks: list[list[Bucket]] = [[] for _ in range(servers)]  # per server, in launch order
+        for b in buckets:
+            self.chunks[b.group].append(b)
+        # per chunk, the memory its push leaves from: the gradient buffer itself, or on GPU a pinned copy
+        self.host = {b.index: b.flat if device.type == "cpu" else torch.empty(
+            b.flat.shape, dtype=b.flat.dtype, pin_memory=True) for b in buckets}
+        self.device = device
+        self.step = 0
+        self.new_step()
+
+    def new_step(self) -> None:
+        self.sent: list[deque[Sent]] = [deque() for _ in self.chunks]
+        self.queued: list[deque[Bucket]] = [deque() for _ in self.chunks]
+        self.messages: list[list] = []  # [start perf_counter, name, duration] per push and reply
+        # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
+        self.sent0, self.recv0 = self.client.bytes_sent, self.client.bytes_recv
+
+    @property
+    def inflight(self) -> bool:
+        return any(self.sent) or any(self.queued)
+
+    def bytes(self) -> tuple[int, int]:
+        """(sent, received) since the step began, headers included."""
+        return self.client.bytes_sent - self.sent0, self.client.bytes_recv - self.recv0
+
+    def enqueue(self, b: Bucket) -> None:
+        self.queued[b.group].append(b)
+
+    def pump(self, s: int) -> None:
+        """Send server ``s``'s queued chunks while it has credits. Replies already here are taken off the
+        socket first (not used: that is ``take``'s), so this may run from inside backward."""
+        if not self.queued[s]:
+            return
+        if self.window:
+            self.client.collect(s)
+            busy = sum(1 for x in self.sent[s] if not self.client.arrived(s, x.req))
+        else:
+            busy = -len(self.queued[s])  # no window: everything at once
+        while self.queued[s] and (not self.window or busy < self.window):
+            self._push(self.queued[s].popleft())
+            busy += 1
+
+    def pump_all(self) -> None:
+        for s in range(len(self.chunks)):
+            self.pump(s)
+
+    def _push(self, b: Bucket) -> None:
+        s, host = b.group, self.host[b.index]
+        t = time.perf_counter()
+        if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
+            host.copy_(b.flat, non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        req = self.client.send(s, {"op": "pushpull", "step": self.step}, [(chunk_key(b), host)])
+        sent = time.perf_counter()
+        reply = [sent, f"params of chunk {b.index} from server {s}", None]
+        self.messages += [[t, f"push chunk {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
+        self.sent[s].append(Sent(req, b, reply))
+
+    def take(self, s: int) -> tuple[Bucket, Received] | None:
+        """Server ``s``'s next reply in send order if it is here: (its chunk, the chunk's tensor)."""
+        if not (self.sent[s] and self.client.arrived(s, self.sent[s][0].req)):
+            return None
+        x = self.sent[s].popleft()
+        _, named = self.client.recv(s, x.req)
+        x.trace[2] = time.perf_counter() - x.trace[0]
+        if [k for k, _ in named] != [chunk_key(x.bucket)]:
+            raise RuntimeError(f"PS server {s} answered with {[k for k, _ in named][:3]}, expected "
+                               f"[{chunk_key(x.bucket)!r}]")
+        return x.bucket, named[0][1]
+
+    def wait_any(self) -> None:
+        self.client.wait_any([s for s in range(len(self.chunks)) if self.sent[s]])
+
+    def end_step(self) -> None:
+        self.step += 1
+        self.new_step()
