@@ -80,6 +80,12 @@ def _torch_allreduce(pg):
     return TorchAllReduce(pg)
 
 
+def _ring_reducer(pg):
+    from .sync.ring import RingAllReduce
+
+    return RingAllReduce(pg)
+
+
 def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
     """``build`` of a strategy of the reducer family: its reducer on this process's group, in ReduceSync."""
     return lambda cfg: _reduce(cfg, REGISTRY[name].reducer(_group(cfg)))
@@ -108,6 +114,9 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
              "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
              bench_raw="raw_allreduce", reducer=_torch_allreduce),
+    Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
+             "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
+             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False),
     Strategy("none", "no communication: each worker trains alone (N=1: the baseline of every speedup)",

@@ -1,0 +1,192 @@
+"""The hand-written ring all-reduce (``psring.sync.ring``): it ends where single-process training on the
+global batch ends, and it moves exactly the bytes of the bandwidth-optimal ring, 2(N-1)/N * M per worker
+(2(N-1) * M summed over the workers, exactly), in 2(N-1) transfers per bucket per worker.
+
+The direct tests spawn N gloo processes on loopback (a file store: no port to race for); every process
+is joined with a timeout and killed in a ``finally``."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections import defaultdict
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from test_equivalence import SMALL_BUCKETS, max_rel_diff, reference, train_args  # noqa: F401 - a fixture
+
+TOL = 1e-5
+JOIN_S = 60  # per process; gloo's own timeout (below) fails a stuck transfer well before
+GLOO_TIMEOUT_S = 20
+
+
+def model_grad_bytes() -> int:
+    from psring.train.models import build_model
+
+    return sum(p.numel() * p.element_size() for p in build_model("cnn", 3).parameters() if p.requires_grad)
+
+
+def step_records(run) -> dict[int, list[dict]]:
+    """steps.jsonl: step -> one record per rank."""
+    steps = defaultdict(list)
+    for line in (run / "steps.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        steps[rec["step"]].append(rec)
+    return steps
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_ring_matches_single_process_and_moves_ring_bytes(psring, tmp_path, reference, n, overlap):
+    extra = SMALL_BUCKETS + ("--trace",) + (() if overlap else ("--no-overlap",))
+    r = psring.run(*train_args(tmp_path / "run", "ring", n, extra=extra))
+    assert r.returncode == 0, r.stderr
+    diff = max_rel_diff(torch.load(tmp_path / "run" / "model.pt"), reference(n))
+    assert diff <= TOL, f"ring N={n} overlap={overlap}: max relative difference {diff:.2e} > {TOL}"
+
+    m, item = model_grad_bytes(), 4
+    for step, recs in step_records(tmp_path / "run").items():
+        assert sorted(rec["rank"] for rec in recs) == list(range(n)), f"step {step}"
+        for rec in recs:
+            names = [name for name, _, _ in rec["messages"]]
+            buckets = sum(name.startswith("ring bucket ") for name in names)
+            transfers = sum(name.startswith("ring b") and not name.startswith("ring bucket ") for name in names)
+            assert buckets >= 3, f"only {buckets} buckets: --bucket-mb too large for this test"
+            assert transfers == 2 * (n - 1) * buckets, f"step {step} rank {rec['rank']}: {transfers} transfers"
+            # every chunk is M/N up to one element; a rank sends 2(N-1) chunks per bucket
+            assert abs(rec["bytes_sent"] - 2 * (n - 1) * m / n) <= 2 * item * buckets
+            assert rec["ring_wait_s"] >= 0
+        # over all ranks every chunk of every bucket is sent exactly 2(N-1) times
+        assert sum(rec["bytes_sent"] for rec in recs) == 2 * (n - 1) * m
+        assert sum(rec["bytes_recv"] for rec in recs) == 2 * (n - 1) * m
+
+
+# ---- direct: N gloo processes, buckets of awkward sizes ---------------------------------------------
+
+SIZES = (2, 7, 1000, 4097)  # fewer elements than ranks (empty chunks), not a multiple of N, larger
+
+
+def _init(rank: int, world: int, store: str):
+    import torch.distributed as dist
+
+    from psring.sync.process_group import ProcessGroupInfo
+    from psring.sync.reducer import CommThread
+    from psring.sync.ring import RingAllReduce
+
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
+    ring = RingAllReduce(ProcessGroupInfo(rank, world, rank, torch.device("cpu"), "gloo", None))
+    ring.comm = CommThread(GLOO_TIMEOUT_S)
+    return dist, ring
+
+
+def _bucket(i: int, numel: int, rank: int):
+    from psring.sync.buckets import Bucket
+
+    return Bucket(i, 0, 0, numel, [], torch.arange(numel, dtype=torch.float32) * (rank + 1) + rank)
+
+
+def _reduce_worker(rank: int, world: int, store: str, out: str) -> None:
+    """Reduce the SIZES buckets (launched all at once, as --no-overlap does) and save what came out."""
+    dist, ring = _init(rank, world, store)
+    try:
+        buckets = [_bucket(i, n, rank) for i, n in enumerate(SIZES)]
+        for h in [ring.launch(b) for b in buckets]:
+            h.wait()
+        transfers = ring.take_transfers()
+        torch.save({"flat": [b.flat for b in buckets], "wire": [ring.wire_bytes(b) for b in buckets],
+                    "transfers": [vars(t) for t in transfers], "left": ring.take_transfers()},
+                   os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        ring.comm.close()
+        dist.destroy_process_group()
+
+
+def _dead_peer_worker(rank: int, world: int, store: str, out: str) -> None:
+    """Rank 1 leaves after the barrier; rank 0's reduction must fail in the trainer, not hang."""
+    dist, ring = _init(rank, world, store)
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)
+    try:
+        ring.launch(_bucket(0, 4097, rank)).wait()
+        result = "no error"
+    except Exception as e:  # noqa: BLE001 - what the test looks at
+        result = f"{type(e).__name__}: {e}"
+    with open(os.path.join(out, "rank0.txt"), "w") as f:
+        f.write(result)
+    os._exit(0)  # the group lost a member: skip teardown, which would wait for it
+
+
+def spawn(fn, world: int, tmp_path) -> list[int]:
+    """Run ``fn(rank, world, store, out)`` in ``world`` spawned processes; their exit codes."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=fn, args=(r, world, str(tmp_path / "store"), str(tmp_path)), daemon=True)
+             for r in range(world)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(JOIN_S)
+        return [p.exitcode for p in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+
+
+def chunk_elems(numel: int, n: int, c: int) -> int:
+    return len(torch.tensor_split(torch.empty(numel), n)[c])
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_transfers_of_one_reduction(tmp_path, n):
+    assert spawn(_reduce_worker, n, tmp_path) == [0] * n
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
+    for r, g in enumerate(got):
+        assert g["left"] == [], "take_transfers did not empty the list"
+        by_bucket = defaultdict(list)
+        for t in g["transfers"]:
+            by_bucket[t["bucket"]].append(t)
+        assert [t["bucket"] for t in g["transfers"]] == sorted(t["bucket"] for t in g["transfers"]), \
+            "buckets did not run in launch order"
+        for i, numel in enumerate(SIZES):
+            expect = torch.arange(numel, dtype=torch.float32) * (n * (n + 1) // 2) + n * (n - 1) // 2
+            assert torch.equal(g["flat"][i], expect), f"rank {r} bucket {i}: not the sum"
+            ts = by_bucket[i]
+            assert len(ts) == 2 * (n - 1)
+            # the schedule of Patarasuk & Yuan: chunk r-k (reduce-scatter), then r+1-k (all-gather)
+            assert [(t["phase"], t["step"], t["chunk"]) for t in ts] == \
+                [("reduce-scatter", k, (r - k) % n) for k in range(n - 1)] + \
+                [("all-gather", k, (r + 1 - k) % n) for k in range(n - 1)]
+            assert all(t["src"] == r and t["dst"] == (r + 1) % n and t["end"] >= t["start"] for t in ts)
+            assert all(t["bytes"] == 4 * chunk_elems(numel, n, t["chunk"]) for t in ts)
+            sent = sum(t["bytes"] for t in ts)
+            assert g["wire"][i][0] == sent
+            assert abs(sent - 2 * (n - 1) * 4 * numel / n) <= 2 * 4
+    for i, numel in enumerate(SIZES):  # over the ring: each chunk sent 2(N-1) times, all received
+        assert sum(g["wire"][i][0] for g in got) == sum(g["wire"][i][1] for g in got) == 2 * (n - 1) * 4 * numel
+
+
+def test_dead_neighbour_raises_in_the_trainer(tmp_path):
+    spawn(_dead_peer_worker, 2, tmp_path)
+    result = (tmp_path / "rank0.txt").read_text()
+    assert result != "no error" and "RuntimeError" in result, result
+
+
+def test_single_worker_is_a_no_op():
+    from psring.sync.process_group import ProcessGroupInfo
+    from psring.sync.reducer import CommThread
+    from psring.sync.ring import RingAllReduce
+
+    ring = RingAllReduce(ProcessGroupInfo(0, 1, 0, torch.device("cpu"), "gloo", None))
+    ring.comm = CommThread(5)
+    try:
+        b = _bucket(0, 10, 0)
+        before = b.flat.clone()
+        ring.launch(b).wait()
+        assert torch.equal(b.flat, before) and ring.wire_bytes(b) == (0, 0) and ring.take_messages() == []
+    finally:
+        ring.comm.close()
