@@ -139,7 +139,7 @@ def cmd_worker(a) -> int:
 
 
 def cmd_server(a) -> int:
-    from .sync.ps.server import run_server
+    from .sync.ps.server_main import run_server
 
     if a.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")

@@ -21,7 +21,8 @@ from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
 from ...config import OptimConfig
-from .protocol import ProtocolError, received
+from .protocol import ProtocolError
+from .received import received
 
 OPTIM_FIELDS = ("name", "lr", "momentum", "weight_decay", "betas", "eps")
 

@@ -1,6 +1,6 @@
 """A parameter-server process: one ROUTER socket in front of one ``ShardStore``.
 
-Start one per shard with ``psring server`` (the launcher does this for local runs). Example, two hosts::
+Start one per shard with ``psring server`` (``server_main``; the launcher does this for local runs). Example, two hosts::
 
     host-a$ psring server --workers 4 --bind 0.0.0.0 --port 5555
     host-b$ torchrun ... -m psring worker --sync ps --ps-addrs tcp://host-a:5555 ...
@@ -19,15 +19,11 @@ init names both, with the optimizer, so the command line of ``psring server`` ne
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import time
-from pathlib import Path
+from dataclasses import dataclass
 
-import torch
 import zmq
 
-from ...allocator import keep_freed_memory
 from ...auth import secure_server
 from .optimizers import optim_header
 from .protocol import (
@@ -51,6 +47,25 @@ CURVE_SLACK = 1024  # a frame's bytes on the wire with CURVE: payload + box over
 LOG_FIRST, LOG_EVERY = 20, 1000  # rejections logged one by one, then every LOG_EVERY-th (a peer can't flood the log)
 MAX_ERROR_CHARS = 400
 OPS = ("init", "push", "pushpull", "pull", "state", "done")
+
+
+@dataclass
+class Parked:
+    """A pull waiting for its version."""
+    ident: bytes
+    req: int | None
+    worker: int
+    version: int
+
+
+@dataclass
+class Waiting:
+    """A pushpull waiting for its keys' update (its reply carries their new values or sums)."""
+    ident: bytes
+    req: int | None
+    worker: int
+    keys: list[str]
+    step: int
 
 
 class ParameterServer:
@@ -79,8 +94,8 @@ class ParameterServer:
             self.sock.bind(f"{addr}:{port}")
             self.port = port
         self.address = f"tcp://{bind}:{self.port}"
-        self.parked: list[tuple[bytes, dict]] = []  # pulls waiting for their version
-        self.waiting: list[tuple[bytes, object, int, list[str], int]] = []  # pushpulls waiting: (.., worker, keys, step)
+        self.parked: list[Parked] = []
+        self.waiting: list[Waiting] = []
         self.done: set[int] = set()
         self.errors = self.unexpected = self.dropped = 0
         self.bytes_sent = self.bytes_recv = 0
@@ -164,7 +179,7 @@ class ParameterServer:
         if header["op"] == "push":
             self._send(ident, {"ok": True, "req": req})
         else:
-            self.waiting.append((ident, req, worker, [k for k, _ in named], step))
+            self.waiting.append(Waiting(ident, req, worker, [k for k, _ in named], step))
         if completed:
             self.metrics.on_last_push()
             self._serve_parked()
@@ -182,7 +197,7 @@ class ParameterServer:
         elif len(self.parked) >= self.max_parked:
             raise ProtocolError(f"{len(self.parked)} pulls already wait for their version; refused")
         else:
-            self.parked.append((ident, header))
+            self.parked.append(Parked(ident, req, header["worker"], version))
 
     def _too_far(self, version: int, limit: int) -> str:
         if self.store.aggregate:
@@ -217,26 +232,24 @@ class ParameterServer:
 
     def _serve_parked(self) -> None:
         still, limit = [], self.store.pull_limit()
-        for ident, header in self.parked:
-            version = header["version"]
-            if limit is not None and version > limit:  # parked before init, beyond what init allows
-                self._error(ident, header.get("req"), self._too_far(version, limit))
-            elif self.store.version >= version:
-                self._reply_params(ident, header.get("req"), header["worker"])
+        for p in self.parked:
+            if limit is not None and p.version > limit:  # parked before init, beyond what init allows
+                self._error(p.ident, p.req, self._too_far(p.version, limit))
+            elif self.store.version >= p.version:
+                self._reply_params(p.ident, p.req, p.worker)
             else:
-                still.append((ident, header))
+                still.append(p)
         self.parked = still
 
     def _serve_waiting(self) -> None:
         still = []
-        for item in self.waiting:
-            ident, req, worker, keys, step = item
-            if self.store.reply_ready(keys, step):
-                version, named = self.store.reply(worker, keys, step)
+        for w in self.waiting:
+            if self.store.reply_ready(w.keys, w.step):
+                version, named = self.store.reply(w.worker, w.keys, w.step)
                 metas, frames = encode_tensors(named, self.frame_bytes)
-                self._send(ident, {"ok": True, "req": req, "version": version, "tensors": metas}, frames)
+                self._send(w.ident, {"ok": True, "req": w.req, "version": version, "tensors": metas}, frames)
             else:
-                still.append(item)
+                still.append(w)
         self.waiting = still
 
     def serve(self) -> int:
@@ -279,27 +292,3 @@ class ParameterServer:
         if self.auth is not None:
             self.auth.stop()
         self.ctx.term()
-
-
-def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_timeout_s: float,
-               threads: int = 1, metrics_path: str | None = None, frame_bytes: int | None = None,
-               curve: str | None = None, max_message_bytes: int = MAX_MESSAGE_BYTES) -> int:
-    """Entry point of ``psring server``: bind, announce the port, serve, exit 0 when all workers are done."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s psring server %(levelname)s: %(message)s")
-    keep_freed_memory()
-    torch.set_num_threads(max(1, threads))
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    server = ParameterServer(workers, bind, port, idle_timeout_s, metrics_path, frame_bytes, curve,
-                             max_message_bytes)
-    try:
-        if port_file:  # atomic: the launcher never reads a half-written port
-            tmp = Path(f"{port_file}.tmp{os.getpid()}")
-            tmp.write_text(f"{server.address}\n")
-            tmp.rename(port_file)
-        log.info("serving %d workers at %s", workers, server.address)
-        rc = server.serve()
-        log.info("done: %d updates, %d rejected requests, %d replies dropped, %d B sent, %d B received",
-                 server.store.version, server.errors, server.dropped, server.bytes_sent, server.bytes_recv)
-        return rc
-    finally:
-        server.close()

@@ -14,7 +14,7 @@ import torch
 
 from ..buckets import Bucket, Space
 from .client import PSClient
-from .protocol import Received
+from .received import Received
 from .transport import chunk_key
 
 

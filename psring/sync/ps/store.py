@@ -25,7 +25,8 @@ import torch
 
 from .consistency import Clocks, Semantics, parse_semantics
 from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
-from .protocol import MAX_VERSION, ProtocolError, Received, received
+from .protocol import MAX_VERSION, ProtocolError
+from .received import Received, received
 
 
 class ShardStore:

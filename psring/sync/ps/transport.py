@@ -23,7 +23,7 @@ import torch
 
 from ..buckets import Bucket, BucketRange, space_sizes
 from .client import PSClient
-from .protocol import Received
+from .received import Received
 from .sharding import chunk_bytes, plan_chunks
 
 
