@@ -22,12 +22,20 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
 from ..config import OptimConfig
 from ..metrics.steps import PhaseClock
+
+
+class Message(NamedTuple):
+    """One transfer of a step, for ``--trace`` timelines (a JSON array once written: name, start, duration)."""
+    name: str
+    start_s: float  # after the step's sync began (a reducer's ``take_messages``: a perf_counter time)
+    duration_s: float
 
 
 @dataclass
@@ -46,7 +54,7 @@ class SyncStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # parts of sync_s a strategy can tell apart
-    messages: list = field(default_factory=list)  # [name, start (s after sync began), duration] per message
+    messages: list[Message] = field(default_factory=list)
 
 
 class Synchronizer(ABC):

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..config import OptimConfig
-from .base import Synchronizer, SyncStats, make_local_optimizer, timed_update
+from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
 from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges
 
 
@@ -141,8 +141,8 @@ class Reducer(ABC):
     def end_step(self) -> None:
         """After every bucket of a step was waited for (and its bytes read)."""
 
-    def take_messages(self) -> list:
-        """Finer trace messages than one per bucket ([name, start perf_counter, duration]); emptied."""
+    def take_messages(self) -> list[Message]:
+        """Finer trace messages than one per bucket (``start_s``: a perf_counter time); emptied."""
         return []
 
     def state_dict(self) -> dict:
@@ -197,10 +197,10 @@ class ReduceSync(Synchronizer):
         messages = []
         for b, launched, handle in self.inflight:
             handle.wait()
-            messages.append([f"{self.name} bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", launched - p0,
-                             time.perf_counter() - launched])
+            messages.append(Message(f"{self.name} bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", launched - p0,
+                                    time.perf_counter() - launched))
         sent, recv = self.reducer.step_bytes(self.buckets.buckets)
-        messages += [[name, t - p0, dur] for name, t, dur in self.reducer.take_messages()]
+        messages += [Message(name, t - p0, dur) for name, t, dur in self.reducer.take_messages()]
         self.reducer.end_step()
         self.inflight.clear()
         self.buckets.reset()

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ...config import OptimConfig
+from ..base import Message
 from ..buckets import Bucket, BucketRange, flat_layout
 from ..reducer import Handle, Reducer
 from . import session
@@ -92,8 +93,8 @@ class PSAggregate(Reducer):
         self.done.clear()
         self.tr.end_step()
 
-    def take_messages(self) -> list:
-        return [[name, t, dur] for t, name, dur in self.tr.messages]
+    def take_messages(self) -> list[Message]:
+        return [Message(name, t, dur) for t, name, dur in self.tr.messages]
 
     def state_dict(self) -> dict:
         """Rank 0: the servers' versions (what resuming checks); other ranks: {}."""

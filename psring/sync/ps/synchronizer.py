@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ...config import OptimConfig
-from ..base import Synchronizer, SyncStats
+from ..base import Message, Synchronizer, SyncStats
 from ..buckets import Bucket, GradBuckets, flat_layout
 from . import session
 from .client import PSClient
@@ -133,7 +133,7 @@ class PSSync(Synchronizer):
         sent, recv = tr.bytes()
         stats = SyncStats(sync_s=lap - t0, bytes_sent=sent, bytes_recv=recv,
                           phases={"push_s": push_s, "wait_s": wait_s, "pull_s": pull_s},
-                          messages=[[name, t - t0, dur] for t, name, dur in tr.messages])
+                          messages=[Message(name, t - t0, dur) for t, name, dur in tr.messages])
         self.buckets.reset()
         tr.end_step()
         return stats
