@@ -49,14 +49,7 @@ def train(cfg: TrainConfig) -> None:
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
     batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition)
-    model, start = build_model(cfg.model, cfg.seed), 0
-    if cfg.resume:  # parameters and buffers before attach (rank 0 hands them to the PS servers)
-        ckpt = checkpoint.load(cfg.resume)
-        model.load_state_dict(ckpt["model"])
-        start = ckpt["step"] + 1
-        sync.resume_from(ckpt["sync"], start)
-    model = sync.attach(model.to(sync.device))
-    model.train()
+    model, start = attach_model(cfg, sync)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
     test = None  # the held-out split, loaded at the first epoch end
@@ -105,11 +98,29 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
                 print_step(rec, cfg)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                state = sync.state_dict()  # ps: rank 0 fetches the servers' shards; others return {}
-                if rank == 0:
-                    checkpoint.save(out, step, getattr(model, "module", model), state, cfg.to_dict())
+                save_checkpoint(cfg, sync, rank, out, step, model)
     if rank == 0:
         save_model(getattr(model, "module", model), out / "model.pt")
+
+
+def attach_model(cfg: TrainConfig, sync) -> tuple[torch.nn.Module, int]:
+    """(the module to run forward on, the first step): the seeded model, resumed from ``cfg.resume`` if
+    given (parameters and buffers before attach: rank 0 hands them to the PS servers), attached."""
+    model, start = build_model(cfg.model, cfg.seed), 0
+    if cfg.resume:
+        ckpt = checkpoint.load(cfg.resume)
+        model.load_state_dict(ckpt["model"])
+        start = ckpt["step"] + 1
+        sync.resume_from(ckpt["sync"], start)
+    model = sync.attach(model.to(sync.device))
+    model.train()
+    return model, start
+
+
+def save_checkpoint(cfg: TrainConfig, sync, rank: int, out: Path, step: int, model: torch.nn.Module) -> None:
+    state = sync.state_dict()  # ps: rank 0 fetches the servers' shards; others return {}
+    if rank == 0:
+        checkpoint.save(out, step, getattr(model, "module", model), state, cfg.to_dict())
 
 
 def print_step(rec: StepRecord, cfg: TrainConfig) -> None:
