@@ -12,67 +12,14 @@ import sys
 from pathlib import Path
 
 from .bench.cli import add_bench_parser
-from .config import ConfigError, OptimConfig, TrainConfig
+from . import strategies
+from .config import ConfigError, TrainConfig, section_titles
+from .options import add_arguments, from_namespace
 
 
-def add_train_args(p: argparse.ArgumentParser) -> None:
-    d = TrainConfig()
-    p.add_argument("--sync", default=d.sync, help="ps | allreduce | ddp | none (default %(default)s)")
-    p.add_argument("--workers", "-n", type=int, default=d.workers, help="number of workers N")
-    p.add_argument("--servers", "-s", type=int, default=d.servers, help="PS server processes S (--sync ps)")
-    p.add_argument("--model", default=d.model, help="cnn | resnet18 | resnet18_narrow (default %(default)s)")
-    p.add_argument("--dataset", default=d.dataset, help="synthetic (default) | cifar10 | digits")
-    p.add_argument("--num-samples", type=int, default=d.num_samples,
-                   help="training samples (default: the whole set; synthetic generates 10,000)")
-    p.add_argument("--data-dir", default=d.data_dir, help="cifar10: folder of the binary files "
-                   "(default $PSRING_DATA or ~/.cache/psring)")
-    p.add_argument("--partition", default=d.partition, help="uniform | stratified | random (default %(default)s)")
-    p.add_argument("--no-eval", action="store_false", dest="eval",
-                   help="skip the test-set accuracy at the end of every epoch and of the run")
-    p.add_argument("--batch-size", "-b", type=int, default=d.batch_size, help="per-worker batch size B")
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--lr", type=float, default=d.optim.lr)
-    p.add_argument("--momentum", type=float, default=d.optim.momentum)
-    p.add_argument("--weight-decay", type=float, default=d.optim.weight_decay)
-    p.add_argument("--optimizer", default=d.optim.name, help="sgd | adam (default %(default)s)")
-    p.add_argument("--consistency", default=d.consistency,
-                   help="ps: bsp | ssp | asp (default %(default)s); see --staleness")
-    p.add_argument("--staleness", type=int, default=d.staleness, help="ps: SSP's bound k (default %(default)s)")
-    p.add_argument("--ps-design", default=d.ps_design,
-                   help="ps: server-optimizer (servers update) | aggregate (servers sum, workers update)")
-    p.add_argument("--straggler", default=d.straggler, help="RANK:FACTOR: slow one worker's compute FACTOR times")
-    p.add_argument("--curve", default=d.curve, help="ps: CurveZMQ key folder from `psring keys DIR` (encrypted; "
-                   "servers accept only authorized workers)")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                   help="write an atomic checkpoint (model, optimizer, PS shards) every K steps")
-    p.add_argument("--resume", default=d.resume, help="continue from the checkpoint in this run folder")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--augment", action="store_true", help="random crop + horizontal flip")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0 = cores/N)")
-    p.add_argument("--backend", default=d.backend, help="auto | gloo | nccl for allreduce/ddp")
-    p.add_argument("--timeout", type=float, default=d.timeout_s, dest="timeout_s",
-                   help="seconds any network wait may take before the run fails (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="steps left out of the summary")
-    p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--bucket-mb", type=float, default=d.bucket_mb, help="gradient bucket size in MB (default 25; ps: largest chunk, 4)")
-    p.add_argument("--first-bucket-mb", type=float, default=d.first_bucket_mb, help="first all-reduce bucket, MB (default 1)")
-    p.add_argument("--frame-kb", type=int, default=d.frame_kb, help="ps: largest ZeroMQ frame of a push, KB (0 = one per tensor)")
-    p.add_argument("--ps-window", type=int, default=d.ps_window,
-                   help="ps: most pushpulls unanswered per server (default ceil(4/S) on --net emulated, "
-                        "else no limit; 0 = no limit)")
-    p.add_argument("--no-overlap", action="store_false", dest="overlap",
-                   help="communicate only after backward (default: each bucket as soon as it is ready)")
-    p.add_argument("--trace", action="store_true", help="write trace.json (open in Perfetto/chrome://tracing)")
-    p.add_argument("--net", default=d.net, help="loopback (default) | emulated: every worker and server in its "
-                   "own network namespace behind a rate-limited link (root)")
-    p.add_argument("--link-rate", default=d.link_rate, help="--net emulated: each host's link, e.g. 100mbit, "
-                   "1gbit, 10gbit (default %(default)s)")
-    p.add_argument("--server-link-rate", default=d.server_link_rate, help="--net emulated: PS servers' links")
-    p.add_argument("--link-delay", default=d.link_delay, help="--net emulated: one-way delay, e.g. 1ms (netem)")
-    p.add_argument("--compute", default=d.compute, help="real (default) | emulated | emulated:MS: replace "
-                   "forward+backward by a wait (default: the measured single-worker time)")
-    p.add_argument("--out", default=d.out, help="output directory (psring train: default a new "
-                   "runs/DATE-TIME-SYNC-nN, or the run folder of --resume; psring worker: %(default)s)")
+def add_train_args(p: argparse.ArgumentParser, command: str = "train") -> None:
+    """The flags of every TrainConfig option ``command`` offers, by section (declared in ``config.py``)."""
+    add_arguments(p, TrainConfig, section_titles(), command)
 
 
 def add_launch_args(p: argparse.ArgumentParser) -> None:
@@ -89,17 +36,7 @@ def add_launch_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(a: argparse.Namespace) -> TrainConfig:
-    cfg = TrainConfig(sync=a.sync, workers=a.workers, servers=a.servers, model=a.model, dataset=a.dataset,
-                      num_samples=a.num_samples, batch_size=a.batch_size, steps=a.steps, seed=a.seed,
-                      augment=a.augment, threads=a.threads, backend=a.backend, timeout_s=a.timeout_s,
-                      warmup=a.warmup, log_every=a.log_every, out=a.out or TrainConfig.out, trace=a.trace,
-                      bucket_mb=a.bucket_mb, first_bucket_mb=a.first_bucket_mb, overlap=a.overlap, frame_kb=a.frame_kb, ps_window=a.ps_window,
-                      data_dir=a.data_dir, partition=a.partition, eval=a.eval, consistency=a.consistency,
-                      staleness=a.staleness, ps_design=a.ps_design, straggler=a.straggler, net=a.net,
-                      link_rate=a.link_rate, server_link_rate=a.server_link_rate, link_delay=a.link_delay,
-                      compute=a.compute, curve=a.curve, checkpoint_every=a.checkpoint_every, resume=a.resume,
-                      optim=OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, name=a.optimizer))
-    return cfg.validate()
+    return from_namespace(TrainConfig, a).validate()
 
 
 def cmd_train(a) -> int:
@@ -125,9 +62,9 @@ def cmd_worker(a) -> int:
         cfg = TrainConfig.load(a.config).validate()
     else:
         cfg = config_from_args(a)
-        cfg.ps_addrs = [x for x in (a.ps_addrs or "").split(",") if x]
-        if cfg.sync == "ps" and not cfg.ps_addrs:
-            raise ConfigError("--sync ps under torchrun needs --ps-addrs tcp://HOST:PORT,... of running servers")
+        if strategies.uses_servers(cfg.sync) and not cfg.ps_addrs:
+            raise ConfigError(f"--sync {cfg.sync} under torchrun needs --ps-addrs tcp://HOST:PORT,... of "
+                              f"running servers")
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")
@@ -190,9 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     w = sub.add_parser("worker", help="one worker; rank from torchrun's environment (RANK, WORLD_SIZE, ...)")
-    add_train_args(w)
+    add_train_args(w, "worker")
     w.add_argument("--config", help="a resolved config.json (how `psring train` starts its workers)")
-    w.add_argument("--ps-addrs", help="comma-separated tcp://HOST:PORT of `psring server`s, for --sync ps")
     w.set_defaults(func=cmd_worker)
 
     s = sub.add_parser("server", help="one parameter-server process (one shard)")

@@ -2,16 +2,25 @@
 
 One dataclass, validated in one place, so every process of a run sees the same values and a bad value
 fails once, before anything starts, with a one-line message (``ConfigError``) instead of a traceback.
+
+Each option is declared once, below (``options.opt``: default, help, section, flag, check); the flags of
+``psring train`` and ``psring worker`` are generated from these declarations, one argument group per
+section. Sections are declaration metadata only: the attributes stay flat (``cfg.bucket_mb``) and so does
+``config.json`` (``optim`` is its one nested table). What depends on the strategy (its choices, its
+default bucket, which sections it reads, whether it can defer communication) comes from
+``psring.strategies``.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-SYNCS = ("ps", "allreduce", "ddp", "none")
+from . import strategies
+from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
+
 MODELS = ("cnn", "resnet18", "resnet18_narrow")
 DATASETS = ("synthetic", "cifar10", "digits")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -21,9 +30,27 @@ CONSISTENCY = ("bsp", "ssp", "asp")
 PS_DESIGNS = ("server-optimizer", "aggregate")
 NETS = ("loopback", "emulated")
 
+# Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
+# the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
+SECTIONS = {"run": "run", "model": "model", "data": "data", "optimizer": "optimizer",
+            "buckets": "gradient buckets and overlap", "ps": "parameter server",
+            "network": "network (--net emulated)", "compute": "compute", "measurement": "measurement",
+            "checkpoints": "checkpoints", "experiments": "experiments"}
 
-class ConfigError(ValueError):
-    """A user-facing configuration problem; the CLI prints it on one line and exits with code 2."""
+
+def owners(section: str) -> tuple[str, ...]:
+    """The strategies that read ``section`` (none: every strategy does)."""
+    return tuple(n for n in strategies.names() if section in strategies.get(n).options)
+
+
+def section_titles() -> dict[str, str]:
+    """SECTIONS' titles, each strategy-specific one naming its strategies: "parameter server (--sync ps)"."""
+    return {k: f"{t} (--sync {' | '.join(owners(k))})" if owners(k) else t for k, t in SECTIONS.items()}
+
+
+def _betas(v) -> str | None:
+    ok = len(v) == 2 and all(0 <= b < 1 for b in v)
+    return None if ok else f"must be two numbers in [0, 1), got {tuple(v)}"
 
 
 @dataclass
@@ -31,78 +58,117 @@ class OptimConfig:
     """Optimizer hyper-parameters; the same values drive the workers' optimizer and the PS servers' one.
     ``momentum`` is SGD's; ``betas`` and ``eps`` are Adam's."""
 
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    name: str = "sgd"
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    lr: float = opt(0.05, "learning rate", section="optimizer", check=above(0))
+    momentum: float = opt(0.9, "SGD's momentum", section="optimizer", check=within(0, 1))
+    weight_decay: float = opt(5e-4, "L2 weight decay", section="optimizer", check=at_least(0))
+    name: str = opt("sgd", "the optimizer", section="optimizer", flag="--optimizer", choices=OPTIMIZERS)
+    betas: tuple[float, float] = opt((0.9, 0.999), "Adam's betas", section="optimizer", check=_betas,
+                                     metavar=("B1", "B2"))
+    eps: float = opt(1e-8, "Adam's eps", section="optimizer", check=above(0))
 
     def validate(self) -> None:
-        if self.name not in OPTIMIZERS:
-            raise ConfigError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.name!r}")
         self.betas = tuple(self.betas)
-        if not (len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas)):
-            raise ConfigError(f"Adam betas must be two numbers in [0, 1), got {self.betas}")
-        if not self.eps > 0:
-            raise ConfigError(f"Adam eps must be > 0, got {self.eps}")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be > 0, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        check_options(self)
+
+
+def _curve_keys(folder: str) -> str | None:
+    from .auth import AuthError, check_dir
+
+    try:
+        check_dir(folder, "server")
+        check_dir(folder, "worker")
+    except AuthError as e:
+        return f"{folder}: {e}"
+    return None
+
+
+def _compute(v: str) -> str | None:
+    mode, _, ms = v.partition(":")
+    if mode not in ("real", "emulated") or (ms and mode != "emulated"):
+        return f"must be real, emulated or emulated:MS, got {v!r}"
+    try:
+        ok = not ms or float(ms) > 0
+    except ValueError:
+        ok = False
+    return None if ok else f"emulated:MS needs a positive number of milliseconds, got {ms!r}"
+
+
+_SYNC_HELP = "how gradients are synchronized: " + "; ".join(f"{n}: {strategies.get(n).help}"
+                                                            for n in strategies.names())
+_BUCKET_HELP = ("gradient bucket size, MB (default per strategy: "
+                + ", ".join(f"{n} {strategies.get(n).bucket_mb:g}" for n in strategies.names()) + ")")
 
 
 @dataclass
 class TrainConfig:
-    sync: str = "allreduce"
-    workers: int = 1
-    servers: int = 1
-    model: str = "cnn"
-    dataset: str = "synthetic"
-    num_samples: int | None = None  # training samples; None = the whole set (synthetic: 10,000)
-    data_dir: str | None = None  # cifar10: folder of the binary files (default $PSRING_DATA, ~/.cache/psring)
-    partition: str = "uniform"  # how the training set is split over workers: uniform | stratified | random
-    batch_size: int = 32
-    steps: int = 50
-    seed: int = 0
-    augment: bool = False
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    threads: int = 0  # torch intra-op threads per worker; 0 = cores // workers
-    backend: str = "auto"  # torch.distributed backend for allreduce/ddp
-    timeout_s: float = 120.0  # every blocking network wait gives up after this long
-    log_every: int = 10
-    warmup: int = 3  # first steps left out of every summary figure
-    trace: bool = False  # also write trace.json (Chrome trace format) at the end of the run
-    # gradient bucket size: allreduce 25 MB like DDP's bucket_cap_mb; ps 4 MB, the largest chunk of a
-    # server's shard, because a chunk is also the server's pipelining unit (it updates and answers a chunk
-    # once all of it arrived): on emulated 1 Gbit links 4 MB cut PS sync time by a third against 25 MB
-    bucket_mb: float | None = None
-    first_bucket_mb: float = 1.0  # allreduce: smaller first bucket, so communication starts early in backward
-    overlap: bool = True  # start each bucket's communication during backward
-    frame_kb: int = 1024  # ps: pushed tensors are split over ZeroMQ frames of at most this size (0 = no split)
-    # ps: most pushpulls a worker leaves unanswered per server (credits); None: ceil(4/S) on an emulated
-    # link, no limit on loopback (sharding.default_window); 0: no limit
-    ps_window: int | None = None
-    # --- parameter-server semantics (--sync ps) ---
-    consistency: str = "bsp"  # bsp | ssp | asp
-    staleness: int = 2  # SSP's bound k: a worker starting step t waits while the slowest is below t - k
-    ps_design: str = "server-optimizer"  # servers run the optimizer, or only sum gradients ("aggregate")
-    curve: str | None = None  # ps: CurveZMQ key folder (psring keys DIR): encrypted, only known workers
-    checkpoint_every: int = 0  # write an atomic checkpoint every K steps (0: never)
-    resume: str | None = None  # a run folder (or its checkpoint/) to continue from
-    # --- experiments ---
-    straggler: str | None = None  # "RANK:FACTOR": that worker's compute takes FACTOR times as long
-    eval: bool = True  # test accuracy on the held-out split at the end of every epoch (and of the run)
-    # --- emulated cluster ---
-    net: str = "loopback"  # loopback | emulated (each worker and server in its own rate-limited namespace)
-    link_rate: str = "1gbit"  # --net emulated: every host's link, each direction
-    server_link_rate: str | None = None  # --net emulated: PS servers' links, if different
-    link_delay: str | None = None  # --net emulated: one-way delay (needs sch_netem)
-    compute: str = "real"  # real | emulated | emulated:MS (forward+backward replaced by a wait)
-    out: str = "runs/latest"  # psring train without --out: a new runs/DATE-TIME-SYNC-nN (launch/outdir.py)
-    ps_addrs: list[str] = field(default_factory=list)  # filled by the launcher, or given for external servers
+    sync: str = opt("allreduce", _SYNC_HELP, section="run", choices=strategies.names())
+    workers: int = opt(1, "number of workers N", section="run", short="-n", check=at_least(1))
+    servers: int = opt(1, "PS server processes S", section="ps", short="-s", check=at_least(1))
+    model: str = opt("cnn", "the model trained", section="model", choices=MODELS)
+    dataset: str = opt("synthetic", "the training set", section="data", choices=DATASETS)
+    num_samples: int | None = opt(None, "training samples (default: the whole set; synthetic generates 10,000)",
+                                  section="data", check=at_least(1))
+    data_dir: str | None = opt(None, "cifar10: folder of the binary files (default $PSRING_DATA or "
+                               "~/.cache/psring)", section="data")
+    partition: str = opt("uniform", "how the training set is split over workers", section="data",
+                         choices=PARTITIONS)
+    batch_size: int = opt(32, "per-worker batch size B", section="data", short="-b", check=at_least(1))
+    steps: int = opt(50, "training steps", section="run", check=at_least(1))
+    seed: int = opt(0, "seed of the weights and of the data", section="run")
+    augment: bool = opt(False, "random crop + horizontal flip", section="data")
+    optim: OptimConfig = nested(OptimConfig)
+    threads: int = opt(0, "torch intra-op threads per worker (0 = cores / N)", section="compute",
+                       check=at_least(0, " (0 = automatic)"))
+    backend: str = opt("auto", "torch.distributed backend of the strategies that use a process group",
+                       section="run", choices=BACKENDS)
+    timeout_s: float = opt(120.0, "seconds any network wait may take before the run fails", section="run",
+                           flag="--timeout", check=above(0))
+    log_every: int = opt(10, "a progress line every K steps", section="measurement", check=at_least(1))
+    warmup: int = opt(3, "first steps left out of every summary figure", section="measurement",
+                      check=at_least(0))
+    trace: bool = opt(False, "also write trace.json (open in Perfetto/chrome://tracing)", section="measurement")
+    # ps 4 MB, the largest chunk of a server's shard, because a chunk is also the server's pipelining unit
+    # (it updates and answers a chunk once all of it arrived): on emulated 1 Gbit links 4 MB cut PS sync
+    # time by a third against 25 MB (DDP's bucket_cap_mb, all-reduce's); None: the strategy's bucket_mb
+    bucket_mb: float | None = opt(None, _BUCKET_HELP, section="buckets", check=above(0))
+    first_bucket_mb: float = opt(1.0, "first all-reduce bucket, MB, so communication starts early in backward",
+                                 section="buckets", check=above(0))
+    overlap: bool = opt(True, "communicate only after backward (default: each bucket as soon as it is ready)",
+                        section="buckets")
+    frame_kb: int = opt(1024, "largest ZeroMQ frame of a push, KB (0 = one per tensor)", section="ps",
+                        check=at_least(0, " (0 = one frame per tensor)"))
+    ps_window: int | None = opt(None, "most pushpulls unanswered per server (default ceil(4/S) on --net "
+                                "emulated, else no limit; 0 = no limit)", section="ps",
+                                check=at_least(0, " (0 = no limit)"))
+    # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
+    consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
+                           section="ps", choices=CONSISTENCY)
+    staleness: int = opt(2, "SSP's bound k: a worker starting step t waits while the slowest is below t - k",
+                         section="ps")
+    ps_design: str = opt("server-optimizer", "server-optimizer (servers update) | aggregate (servers sum, "
+                         "workers update)", section="ps", choices=PS_DESIGNS)
+    curve: str | None = opt(None, "CurveZMQ key folder from `psring keys DIR` (encrypted; servers accept only "
+                            "authorized workers)", section="ps", check=_curve_keys)
+    checkpoint_every: int = opt(0, "write an atomic checkpoint (model, optimizer, PS shards) every K steps "
+                                "(0: never)", section="checkpoints", check=at_least(0))
+    resume: str | None = opt(None, "continue from the checkpoint in this run folder (or its checkpoint/)",
+                             section="checkpoints")
+    straggler: str | None = opt(None, "RANK:FACTOR: slow one worker's compute FACTOR times", section="experiments")
+    eval: bool = opt(True, "skip the test-set accuracy at the end of every epoch and of the run",
+                     section="measurement")
+    net: str = opt("loopback", "emulated: every worker and server in its own network namespace behind a "
+                   "rate-limited link (root)", section="network", choices=NETS)
+    link_rate: str = opt("1gbit", "each host's link, each direction, e.g. 100mbit, 1gbit, 10gbit",
+                         section="network")
+    server_link_rate: str | None = opt(None, "PS servers' links, if different", section="network")
+    link_delay: str | None = opt(None, "one-way delay, e.g. 1ms (needs sch_netem)", section="network")
+    compute: str = opt("real", "real | emulated | emulated:MS: replace forward+backward by a wait "
+                       "(emulated: the measured single-worker time)", section="compute", check=_compute)
+    out: str = opt("runs/latest", "output directory (psring train: default a new runs/DATE-TIME-SYNC-nN, or "
+                   "the run folder of --resume; psring worker: %(default)s)", section="run")
+    ps_addrs: list[str] = opt([], "comma-separated addresses of running `psring server`s (psring train "
+                              "starts its own and fills this in)", section="ps", commands=("worker",),
+                              metavar="tcp://HOST:PORT,...")
 
     @property
     def samples(self) -> int:
@@ -119,54 +185,25 @@ class TrainConfig:
         return max(1, (os.cpu_count() or 1) // max(1, self.workers))
 
     def validate(self) -> TrainConfig:
-        if self.sync not in SYNCS:
-            raise ConfigError(f"--sync must be one of {', '.join(SYNCS)}, got {self.sync!r}")
-        if self.model not in MODELS:
-            raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.dataset not in DATASETS:
-            raise ConfigError(f"--dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
-        if self.backend not in BACKENDS:
-            raise ConfigError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        for name in ("workers", "batch_size", "steps", "log_every"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        check_options(self, only=("sync",))
+        s = strategies.get(self.sync)
+        self._check_sections(s)
+        self.optim.betas = tuple(self.optim.betas)
+        check_options(self)
         if self.bucket_mb is None:
-            self.bucket_mb = 4.0 if self.sync == "ps" else 25.0
-        if not (self.bucket_mb > 0 and self.first_bucket_mb > 0):
-            raise ConfigError(f"--bucket-mb and --first-bucket-mb must be > 0, got {self.bucket_mb}, {self.first_bucket_mb}")
-        if self.ps_window is not None and self.ps_window < 0:
-            raise ConfigError(f"--ps-window must be >= 0 (0 = no limit), got {self.ps_window}")
-        if self.frame_kb < 0:
-            raise ConfigError(f"--frame-kb must be >= 0 (0 = one frame per tensor), got {self.frame_kb}")
-        if self.warmup < 0:
-            raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.threads < 0:
-            raise ConfigError(f"--threads must be >= 0 (0 = automatic), got {self.threads}")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        if self.sync == "ps":
-            if self.servers < 1:
-                raise ConfigError(f"--servers must be >= 1, got {self.servers}")
-            self._check_shardable()
-        elif self.servers != 1:
-            raise ConfigError(f"--servers only applies to --sync ps (got --sync {self.sync} --servers {self.servers})")
-        if self.num_samples is not None and self.num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {self.num_samples}")
+            self.bucket_mb = s.bucket_mb
+        if not self.overlap and not s.deferrable:
+            alt = strategies.where(cost_model=s.cost_model, deferrable=True) or strategies.where(deferrable=True)
+            raise ConfigError(f"--no-overlap: --sync {s.name} ({s.help}) always overlaps communication with "
+                              f"backward and has no switch to stop it; use --sync {alt[0]} --no-overlap")
         if self.dataset == "synthetic" and self.global_batch > self.samples:
             raise ConfigError(
                 f"global batch {self.global_batch} (= --batch-size {self.batch_size} x --workers {self.workers}) "
                 f"exceeds the data set's {self.samples} samples; lower one or raise --num-samples"
             )
-        self._validate_choices()
-        self.optim.validate()
-        if self.curve is not None:
-            from .auth import AuthError, check_dir
-
-            try:
-                check_dir(self.curve, "server")
-                check_dir(self.curve, "worker")
-            except AuthError as e:
-                raise ConfigError(str(e)) from None
+        self._check_straggler()
+        for section in s.options:
+            SECTION_CHECKS.get(section, lambda cfg: None)(self)
         if self.dataset != "synthetic":
             from .train.datasets import check_available
 
@@ -176,51 +213,26 @@ class TrainConfig:
                 raise ConfigError(str(e)) from None
         return self
 
-    def _check_shardable(self) -> None:
-        """Every server must own at least one parameter element (servers hold equal chunks of them)."""
-        from .train.models import build_model
+    def _check_sections(self, s: strategies.Strategy) -> None:
+        """An option of a section only other strategies read (``Strategy.options``) stays at its default."""
+        for section in SECTIONS:
+            if not owners(section) or section in s.options:
+                continue
+            off = next(off_default(self, section), None)
+            if off:
+                raise ConfigError(f"{off[0].flag} only applies to --sync {' or '.join(owners(section))} "
+                                  f"(got --sync {s.name} {off[0].shown(off[1])})")
 
-        n = sum(p.numel() for p in build_model(self.model, 0).parameters() if p.requires_grad)
-        if self.servers > n:
-            raise ConfigError(f"{self.servers} servers for {n} parameter elements: some servers would own "
-                              f"nothing; use --servers {n} or fewer")
-
-    def _validate_choices(self) -> None:
-        for flag, value, allowed in (("--partition", self.partition, PARTITIONS),
-                                     ("--consistency", self.consistency, CONSISTENCY),
-                                     ("--ps-design", self.ps_design, PS_DESIGNS), ("--net", self.net, NETS)):
-            if value not in allowed:
-                raise ConfigError(f"{flag} must be one of {', '.join(allowed)}, got {value!r}")
-        if self.sync != "ps" and (self.consistency != "bsp" or self.ps_design != "server-optimizer"):
-            raise ConfigError(f"--consistency and --ps-design apply to --sync ps only (got --sync {self.sync})")
-        if self.ps_design == "aggregate" and self.consistency != "bsp":
-            raise ConfigError(f"--ps-design aggregate sums every worker's gradient for a step, so it needs "
-                              f"--consistency bsp (got {self.consistency})")
-        if self.checkpoint_every < 0:
-            raise ConfigError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
-        if self.curve is not None and self.sync != "ps":
-            raise ConfigError(f"--curve secures the parameter server's sockets: it needs --sync ps (got {self.sync})")
-        if self.staleness < 0:
-            raise ConfigError(f"--staleness must be >= 0, got {self.staleness}")
-        if self.straggler is not None:
-            rank, _, factor = self.straggler.partition(":")
-            try:
-                r, f = int(rank), float(factor)
-            except ValueError:
-                raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {self.straggler!r}") from None
-            if not (0 <= r < self.workers and f >= 1):
-                raise ConfigError(f"--straggler {self.straggler}: rank must be in 0..{self.workers - 1} "
-                                  f"and factor >= 1")
-        mode, _, ms = self.compute.partition(":")
-        if mode not in ("real", "emulated") or (ms and mode != "emulated"):
-            raise ConfigError(f"--compute must be real, emulated or emulated:MS, got {self.compute!r}")
-        if ms:
-            try:
-                ok = float(ms) > 0
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ConfigError(f"--compute emulated:MS needs a positive number of milliseconds, got {ms!r}")
+    def _check_straggler(self) -> None:
+        if self.straggler is None:
+            return
+        rank, _, factor = self.straggler.partition(":")
+        try:
+            r, f = int(rank), float(factor)
+        except ValueError:
+            raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {self.straggler!r}") from None
+        if not (0 <= r < self.workers and f >= 1):
+            raise ConfigError(f"--straggler {self.straggler}: rank must be in 0..{self.workers - 1} and factor >= 1")
 
     def straggler_factor(self, rank: int) -> float:
         if self.straggler is None:
@@ -257,3 +269,29 @@ class TrainConfig:
             return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError, TypeError) as e:
             raise ConfigError(f"cannot read config {path}: {e}") from None
+
+
+def _check_ps(cfg: TrainConfig) -> None:
+    """The servers' own rules, here before anything starts: the design/consistency/staleness combination
+    (``consistency.check_semantics``, which every server applies to its init) and the shard plan
+    (``sharding.plan_chunks``: every server owns at least one parameter element). The model is built on
+    the meta device: shapes only, no memory."""
+    import torch
+
+    from .sync.buckets import flat_layout, space_sizes
+    from .sync.ps.consistency import check_semantics
+    from .sync.ps.sharding import plan_chunks
+    from .train.models import build_model
+
+    try:
+        check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
+        with torch.device("meta"):
+            model = build_model(cfg.model, 0)
+        sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
+        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+# the checks of a strategy-specific section, run when the strategy reads it (``Strategy.options``)
+SECTION_CHECKS = {"ps": _check_ps}

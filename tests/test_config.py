@@ -1,0 +1,176 @@
+"""Each option declared once: every field has its declaration and its flag, the CLI's defaults are
+TrainConfig's, config.json keeps its shape (committed runs still count as finished), and the refusals
+derived from the strategy registry are one line."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from psring import strategies
+from psring.cli import build_parser, config_from_args
+from psring.config import SECTIONS, ConfigError, OptimConfig, TrainConfig, section_titles
+from psring.options import declared, undeclared
+from psring.sweep import is_finished
+
+ROOT = Path(__file__).resolve().parents[1]
+# config.json's keys, in order: committed runs are compared against new configs (sweep.is_finished)
+KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_dir", "partition", "batch_size",
+        "steps", "seed", "augment", "optim", "threads", "backend", "timeout_s", "log_every", "warmup", "trace",
+        "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "consistency", "staleness",
+        "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
+        "server_link_rate", "link_delay", "compute", "out", "ps_addrs"]
+OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
+
+
+def parse(*args: str, command: str = "train") -> TrainConfig:
+    return config_from_args(build_parser().parse_args([command, *args]))
+
+
+def flags_of(command: str) -> set[str]:
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices[command]
+    return {s for a in sub._actions for s in a.option_strings}
+
+
+def test_every_field_has_its_declaration_and_a_flag():
+    assert undeclared(TrainConfig) == []
+    decls = list(declared(TrainConfig))
+    paths = {d.path for d in decls}
+    assert paths == {(f.name,) for f in dataclasses.fields(TrainConfig) if f.name != "optim"} | \
+        {("optim", f.name) for f in dataclasses.fields(OptimConfig)}
+    flags = {c: flags_of(c) for c in ("train", "worker")}
+    for d in decls:
+        assert d.option.help and d.option.section in SECTIONS, d.path
+        assert d.option.commands, d.path
+        for command in d.option.commands:
+            assert d.flag in flags[command], (d.path, command)
+    assert len({d.flag for d in decls}) == len(decls)  # no flag declared twice
+
+
+def test_the_old_flags_and_aliases_are_kept():
+    old = {"--sync", "--workers", "-n", "--servers", "-s", "--model", "--dataset", "--num-samples", "--data-dir",
+           "--partition", "--no-eval", "--batch-size", "-b", "--steps", "--lr", "--momentum", "--weight-decay",
+           "--optimizer", "--consistency", "--staleness", "--ps-design", "--straggler", "--curve",
+           "--checkpoint-every", "--resume", "--seed", "--augment", "--threads", "--backend", "--timeout",
+           "--warmup", "--log-every", "--bucket-mb", "--first-bucket-mb", "--frame-kb", "--ps-window",
+           "--no-overlap", "--trace", "--net", "--link-rate", "--server-link-rate", "--link-delay", "--compute",
+           "--out"}
+    assert old <= flags_of("train")
+    assert old | {"--ps-addrs", "--config"} <= flags_of("worker")
+    assert {"--overwrite", "--force", "--max-restarts"} <= flags_of("train")
+
+
+def test_help_reads_by_section_and_the_strategies_come_from_the_registry():
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd").choices["train"]
+    text = "".join(sub.format_help().split())  # argparse wraps lines, also at hyphens
+    for title in section_titles().values():
+        assert "".join(title.split()) + ":" in text
+    assert "parameterserver(--sync" in text
+    for n in strategies.names():
+        assert "".join(strategies.get(n).help.split()) in text
+
+
+def test_the_cli_defaults_are_trainconfigs():
+    want = TrainConfig().validate().to_dict()
+    assert parse().to_dict() == want
+    assert parse(command="worker").to_dict() == want
+
+
+def test_config_json_keeps_its_keys_and_round_trips():
+    for cfg in (TrainConfig().validate(), parse("--sync", "ps", "--servers", "2", "--workers", "2",
+                                                "--consistency", "ssp", "--betas", "0.8", "0.99")):
+        d = cfg.to_dict()
+        assert list(d) == KEYS and list(d["optim"]) == OPTIM_KEYS
+        back = TrainConfig.from_dict(json.loads(json.dumps(d)))
+        assert back == cfg and back.to_dict() == d
+
+
+def committed_configs() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "results/*config.json"], cwd=ROOT, capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def test_every_committed_run_still_loads_and_counts_as_finished(tmp_path):
+    paths = committed_configs()
+    assert any(p.startswith("results/bandwidth/") for p in paths)
+    for path in paths:
+        cfg = TrainConfig.load(ROOT / path).validate()  # validation changes none of its values
+        shutil.copy(ROOT / path, tmp_path / "config.json")
+        (tmp_path / "summary.json").write_text("{}")
+        assert is_finished(tmp_path, cfg), path
+
+
+def one_line_error(*args: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse(*args)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sync", "gossip"], "--sync must be one of"),
+    (["--staleness", "-1", "--sync", "ps"], "staleness"),
+    (["--sync", "ps", "--ps-design", "aggregate", "--consistency", "ssp"], "needs --consistency bsp"),
+    (["--sync", "ps", "--servers", "600000"], "600000 servers for 545098 parameter elements"),
+    (["--sync", "ps", "--servers", "0"], "--servers must be >= 1"),
+    (["--betas", "0.9", "1.0"], "--betas must be two numbers in [0, 1)"),
+    (["--compute", "emulated:0"], "positive number of milliseconds"),
+    (["--straggler", "1:3"], "rank must be in 0..0"),
+])
+def test_refusals_are_one_line(args, needle):
+    assert needle in one_line_error(*args)
+
+
+# a value off the default for every option of the ps section
+OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "consistency": "ssp",
+       "staleness": 3, "ps_design": "aggregate", "curve": "keys"}
+
+
+@pytest.mark.parametrize("sync", [n for n in strategies.names() if "ps" not in strategies.get(n).options])
+def test_the_ps_options_are_refused_for_a_strategy_without_servers(sync):
+    assert not strategies.get(sync).servers
+    for d in declared(TrainConfig):
+        if d.option.section == "ps":
+            with pytest.raises(ConfigError, match=rf"^{d.flag} only applies to --sync ps \(got --sync {sync} "):
+                TrainConfig(sync=sync, **{d.name: OFF[d.name]}).validate()
+    assert "--servers only applies to --sync ps" in one_line_error("--sync", sync, "--servers", "2")
+
+
+@pytest.mark.parametrize("sync", strategies.where(deferrable=False))
+def test_no_overlap_is_refused_where_it_cannot_be_honoured(sync):
+    msg = one_line_error("--sync", sync, "--no-overlap")
+    alt = strategies.where(cost_model=strategies.get(sync).cost_model, deferrable=True)[0]
+    assert msg.startswith("--no-overlap") and f"use --sync {alt} --no-overlap" in msg
+    assert parse("--sync", alt, "--no-overlap").overlap is False
+
+
+@pytest.mark.parametrize("sync", strategies.names())
+def test_the_default_bucket_is_the_strategys(sync):
+    assert TrainConfig(sync=sync).validate().bucket_mb == strategies.get(sync).bucket_mb
+    assert TrainConfig(sync=sync, bucket_mb=2.0).validate().bucket_mb == 2.0
+
+
+def test_validating_a_ps_config_allocates_no_model(monkeypatch):
+    import torch
+
+    from psring.train import models
+
+    real, built = models.build_model, []
+
+    def build(name, seed):
+        assert torch.get_default_device().type == "meta", "validation built a model on a real device"
+        model = real(name, seed)
+        built.append({p.device.type for p in model.parameters()})
+        return model
+
+    monkeypatch.setattr(models, "build_model", build)
+    TrainConfig(sync="ps", workers=8, servers=8, model="resnet18").validate()
+    assert built == [{"meta"}]
+    built.clear()
+    TrainConfig(sync=strategies.where(servers=False)[0]).validate()
+    assert built == []  # a strategy without servers has no shard plan to check
