@@ -4,9 +4,12 @@ A comparison of two designs means something only when each implementation is nea
 (nccl-tests reports busbw for the same reason); otherwise it compares implementations. For a row of a
 sweep's ``runs.csv`` on emulated links:
 
-* ``allreduce``, ``ddp``: the ring, ``2(N-1) alpha + 2(N-1)/N * M/B`` (``costmodel.ring_allreduce``);
-* ``ps``: the pipelined PS, ``2 alpha + T (1 + 1/k)`` with ``T = max(M/B_w, N*M/(S*B_s))`` and k the
-  chunks per server the run used (``costmodel.ps``; ``sharding.chunk_bytes`` fits them as the run did).
+* a strategy whose cost model (``strategies.Strategy.cost_model``) is the ring (``allreduce``, ``ddp``):
+  ``2(N-1) alpha + 2(N-1)/N * M/B`` (``costmodel.ring_allreduce``);
+* one whose model is the PS (``ps``): the pipelined PS, ``2 alpha + T (1 + 1/k)`` with
+  ``T = max(M/B_w, N*M/(S*B_s))`` and k the chunks per server the run used (``costmodel.ps``;
+  ``sharding.chunk_bytes`` fits them as the run did);
+* any other model: its ``costmodel.STRATEGIES`` formula; a strategy without one (``none``): no bound.
 
 B is the emulated rate at TCP's payload share (``costmodel.TCP_GOODPUT``), alpha a calibration's.
 Example::
@@ -21,6 +24,7 @@ import math
 import pandas as pd
 
 from . import costmodel as cm
+from .strategies import attr
 from .sync.ps.sharding import chunk_bytes, chunks_per_server
 
 PS_DEFAULT_CAP = 4 << 20  # --bucket-mb of the PS when a row does not say
@@ -38,18 +42,24 @@ def is_num(x) -> bool:
 
 
 def gradient_bytes(runs: pd.DataFrame) -> float | None:
-    """M, the bytes of gradients each worker synchronizes, from a run table: all-reduce rows report
-    exactly 2(N-1)/N*M per step (derived), ps rows count M plus a few hundred bytes of headers."""
+    """M, the bytes of gradients each worker synchronizes, from a run table: rows of a strategy whose
+    cost model is the ring report exactly 2(N-1)/N*M per step (derived), those of the PS model count M
+    plus a few hundred bytes of headers."""
     if "bytes_sent_per_step" not in runs:
         return None
-    ar = runs[runs["sync"].isin(["allreduce", "ddp"]) & (runs["workers"] > 1)
-              & runs["bytes_sent_per_step"].map(is_num)]
+    model = runs["sync"].map(cost_model)
+    ar = runs[(model == cm.RING_MODEL) & (runs["workers"] > 1) & runs["bytes_sent_per_step"].map(is_num)]
     ar = ar[ar["bytes_sent_per_step"] > 0]
     if not ar.empty:
         r = ar.iloc[0]
         return float(r["bytes_sent_per_step"]) * r["workers"] / (2 * (r["workers"] - 1))
-    ps = runs[(runs["sync"] == "ps") & runs["bytes_sent_per_step"].map(is_num)]
+    ps = runs[(model == cm.PS_MODEL) & runs["bytes_sent_per_step"].map(is_num)]
     return float(ps["bytes_sent_per_step"].min()) if not ps.empty else None
+
+
+def cost_model(sync) -> str | None:
+    """The ``costmodel.STRATEGIES`` key of a run table's ``sync`` value (None: none, or not a strategy)."""
+    return attr(sync, "cost_model")
 
 
 def ps_chunks_per_server(row, n: int, s: int, m_bytes: float) -> int:
@@ -68,10 +78,11 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     w = cm.Link.from_rate(row["link_rate"], alpha_s, cm.TCP_GOODPUT)
     srv = _rate(row.get("server_link_rate"))
     s_link = cm.Link.from_rate(srv, alpha_s, cm.TCP_GOODPUT) if srv else w
-    if row["sync"] in ("allreduce", "ddp"):
-        return cm.ring_allreduce(n, m_bytes, w)
-    if row["sync"] != "ps":
+    model = cost_model(row["sync"])
+    if model is None:
         return math.nan
+    if model != cm.PS_MODEL:
+        return cm.STRATEGIES[model](n, m_bytes, w, server_link=s_link)
     s = int(row["servers"])
     return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=ps_chunks_per_server(row, n, s, m_bytes))
 

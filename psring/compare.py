@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .strategies import uses_servers
+
 QUICK = Path(__file__).parent / "presets" / "quick.toml"
 
 
@@ -21,7 +23,7 @@ def format_table(df: pd.DataFrame) -> str:
         if r["status"] != "ok":
             lines.append(f"{r['sync']:<10} {r['workers']:>7}  failed: {r['error']}")
             continue
-        servers = r["servers"] if r["sync"] == "ps" else "-"
+        servers = r["servers"] if uses_servers(r["sync"]) else "-"
         speedup = "n/a" if pd.isna(r["speedup"]) else f"{r['speedup']:.2f}x"
         share = "-" if pd.isna(r["sync_share"]) else f"{100 * r['sync_share']:.1f}%"
         lines.append(f"{r['sync']:<10} {r['workers']:>7} {servers:>7} {r['samples_per_s']:>10.1f} "

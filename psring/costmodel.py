@@ -1,4 +1,4 @@
-"""The alpha-beta (latency-bandwidth) cost model of one synchronization step, per strategy.
+"""The alpha-beta (latency-bandwidth) cost model of one synchronization step, per communication pattern.
 
 A message of m bytes over one link costs ``alpha + m / B``: ``alpha`` (s) is the per-message latency,
 ``B`` (bytes/s) the link's bandwidth (``1/B`` is the "beta" of the literature). Sources:
@@ -191,24 +191,29 @@ def predicted_speedup(n: int, compute_s: float, sync: float | Callable[[int], fl
     return n * compute_s / predict_step(compute_s, sync_s, overlap)
 
 
-# Every strategy under one signature, for plots that loop over them:
-#   STRATEGIES[name](n, m_bytes, link, servers=None, server_link=None) -> seconds
-# ("ps" also takes chunks_per_server=k: the pipelined bound instead of the sequential one)
-Strategy = Callable[..., float]
+# Every cost model under one signature, for plots that loop over them:
+#   STRATEGIES[model](n, m_bytes, link, servers=None, server_link=None) -> seconds
+# (PS_MODEL also takes chunks_per_server=k: the pipelined bound instead of the sequential one). A
+# strategy names its model in the registry (``strategies.Strategy.cost_model``); these keys are models.
+CostModel = Callable[..., float]
+RING_MODEL = "allreduce"  # ring all-reduce (``ring_allreduce``)
+PS_MODEL = "ps"  # the parameter server on dedicated hosts (``ps``)
 
 
 def _ps(n, m_bytes, link, servers=None, server_link=None, chunks_per_server=None):
     return ps(n, servers or 1, m_bytes, link, server_link, chunks_per_server=chunks_per_server)
 
 
-STRATEGIES: dict[str, Strategy] = {
-    "allreduce": lambda n, m_bytes, link, servers=None, server_link=None: ring_allreduce(n, m_bytes, link),
-    "ps": _ps,  # servers=None means one server
+STRATEGIES: dict[str, CostModel] = {
+    RING_MODEL: lambda n, m_bytes, link, servers=None, server_link=None: ring_allreduce(n, m_bytes, link),
+    PS_MODEL: _ps,  # servers=None means one server
     "ps_colocated": lambda n, m_bytes, link, servers=None, server_link=None: ps_colocated(n, m_bytes, link),
     "tree": lambda n, m_bytes, link, servers=None, server_link=None: tree_allreduce(n, m_bytes, link),
     "halving_doubling":
         lambda n, m_bytes, link, servers=None, server_link=None: halving_doubling(n, m_bytes, link),
 }
+
+
 def save_calibration(link: Link, path: str | Path, meta: dict | None = None) -> None:
     """Write ``{"alpha_s", "bandwidth_Bps", **meta}`` as JSON (e.g. ``calibration.json``)."""
     data = {"alpha_s": link.alpha_s, "bandwidth_Bps": link.bandwidth_Bps, **(meta or {})}

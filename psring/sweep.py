@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import strategies
 from .config import ConfigError, OptimConfig, TrainConfig
 
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
@@ -92,7 +93,8 @@ def _setting(run: dict, k: str):
 
 
 def is_baseline(run: dict) -> bool:
-    return _setting(run, "sync") == "none" and _setting(run, "workers") == 1
+    """A run of the registry's baseline strategy (``none``) with one worker."""
+    return strategies.is_baseline(_setting(run, "sync")) and _setting(run, "workers") == 1
 
 
 def missing_baselines(runs: list[dict]) -> list[dict]:
@@ -107,7 +109,7 @@ def missing_baselines(runs: list[dict]) -> list[dict]:
         if matched(r) not in have:
             have.add(matched(r))
             added.append({**{k: v for k, v in r.items() if k in MATCHED_KEYS},
-                          "sync": "none", "workers": 1, "servers": 1})
+                          "sync": strategies.baseline_name(), "workers": 1, "servers": 1})
     return added
 
 
@@ -125,7 +127,7 @@ def varying_keys(runs: list[dict]) -> list[str]:
 
 def _resolve_servers(run: dict) -> dict:
     run = dict(run)
-    if run.get("sync", TrainConfig.sync) != "ps":
+    if not strategies.uses_servers(run.get("sync", TrainConfig.sync)):
         run["servers"] = 1
     elif run.get("servers") == "N":
         run["servers"] = run.get("workers", 1)
@@ -185,7 +187,7 @@ def baseline_of(df: pd.DataFrame) -> pd.Series:
     key = df[cols].apply(lambda r: json.dumps([setting_text(v) for v in r]), axis=1) if cols else \
         pd.Series("", index=df.index)
     ok = df["status"] == "ok" if "status" in df else pd.Series(True, index=df.index)
-    base = key[ok & (df["sync"] == "none") & (df["workers"] == 1)]
+    base = key[ok & df["sync"].map(strategies.is_baseline) & (df["workers"] == 1)]
     first = {k: i for i, k in reversed(list(base.items()))}  # reversed: the first row wins
     return pd.Series([first.get(k) for k in key], index=df.index, dtype=object)  # object: labels stay labels
 

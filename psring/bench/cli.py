@@ -5,10 +5,38 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import MODELS, ConfigError
+from ..strategies import REGISTRY, names, uses_servers
 
-BENCH_DEFAULTS = {"workers": 2, "strategies": "allreduce,ps", "min_size": "4K", "max_size": "128M", "factor": 4,
-                  "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M", "out": "results/bench", "model": None,
-                  "floor": False, "force": False}
+# The raw transports of bench.csv's "strategy" column (the rows of a strategy's timed counterpart; a
+# strategy names its own in the registry, ``Strategy.bench_raw``): not strategies, so kept here, once.
+RAW_ALLREDUCE = "raw_allreduce"  # one dist.all_reduce of a flat tensor of M bytes
+RAW_ZMQ_ECHO = "raw_zmq_echo"  # a ZeroMQ echo of M bytes in pipelined frames to the same S servers
+RAW_ZMQ_ECHO_SGD = "raw_zmq_echo_sgd"  # echo servers that also run the SGD update (``--floor``)
+FLOOR_OF = {RAW_ZMQ_ECHO: RAW_ZMQ_ECHO_SGD}  # a raw transport -> its floor (the transport + the update)
+RAW_LABELS = {RAW_ALLREDUCE: "raw dist.all_reduce", RAW_ZMQ_ECHO: "raw ZeroMQ echo",
+              RAW_ZMQ_ECHO_SGD: "raw ZeroMQ echo + SGD update"}
+
+
+def benchable() -> list[str]:
+    """The strategies ``psring bench`` times (those with a ``bench_raw``): without servers first, each
+    group in registry order (allreduce, then ps)."""
+    reg = names()
+    return sorted((n for n, s in REGISTRY.items() if s.bench_raw),
+                  key=lambda n: (uses_servers(n), reg.index(n)))
+
+
+def default_benched() -> list[str]:
+    """What ``psring bench`` times without ``--strategies``: each raw transport once, beside the first
+    strategy of ``benchable()`` timed against it (allreduce, ps); the others (ring) on request."""
+    first: dict[str, str] = {}
+    for n in benchable():
+        first.setdefault(REGISTRY[n].bench_raw, n)
+    return list(first.values())
+
+
+BENCH_DEFAULTS = {"workers": 2, "strategies": ",".join(default_benched()), "min_size": "4K",
+                  "max_size": "128M", "factor": 4, "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M",
+                  "out": "results/bench", "model": None, "floor": False, "force": False}
 
 
 def bench_settings(a) -> dict:
@@ -42,9 +70,12 @@ def cmd_bench(a) -> int:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     strategies = [x for x in str(b["strategies"]).split(",") if x]
-    bad = set(strategies) - {"allreduce", "ps"}
+    bad = set(strategies) - set(benchable())
     if bad or not strategies:
-        raise ConfigError(f"--strategies takes allreduce and/or ps, got {b['strategies']!r}")
+        also = [n for n in benchable() if n not in default_benched()]
+        raise ConfigError(f"--strategies takes {' and/or '.join(default_benched())}"
+                          + (f" (the default; also {', '.join(also)})" if also else "")
+                          + f", got {b['strategies']!r}")
     if b["workers"] < 1 or b["iters"] < 1 or b["warmup"] < 0 or not sizes or b["factor"] < 2:
         raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
     if b["model"] is not None and b["model"] not in MODELS:
@@ -60,7 +91,9 @@ def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="synchronizers alone vs their raw transports, per message size")
     b.add_argument("file", nargs="?", help="optional TOML with a [bench] table, e.g. experiments/message_size.toml")
     b.add_argument("--workers", "-n", type=int, help="workers N (default 2)")
-    b.add_argument("--strategies", help="comma-separated: allreduce, ps (S=1 and S=N); default both")
+    b.add_argument("--strategies",
+                   help=f"comma-separated, of {', '.join(benchable())} (with servers: S=1 and S=N); "
+                        f"default {','.join(default_benched())}")
     b.add_argument("--min-size", help="default 4K")
     b.add_argument("--max-size", help="default 128M")
     b.add_argument("--factor", type=int, help="size step between --min-size and --max-size (default 4)")

@@ -19,8 +19,9 @@ import pandas as pd
 from ..launch.children import Children
 from ..launch.launcher import LaunchError, check_alive, child_env, free_port
 from ..launch.resources import check_bench, model_bytes
+from ..strategies import attr, uses_servers
+from .cli import benchable
 
-RAW = {"allreduce": "raw_allreduce", "ps": "raw_zmq_echo"}
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -69,9 +70,15 @@ def run_group(spec: dict, out: Path, workers: int, timeout_s: float) -> list[dic
 
 
 def add_efficiency(df: pd.DataFrame) -> pd.DataFrame:
+    """``efficiency`` of each strategy row: the time of its raw transport (``Strategy.bench_raw``) at the
+    same size and S over its own; NaN for the raw rows. ``df``: the rows of one group (one set of
+    processes), where a raw transport's rows belong to the one strategy timed beside them."""
     df = df.copy()
     df["efficiency"] = float("nan")
-    for strat, raw in RAW.items():
+    for strat in df["strategy"].unique():
+        raw = attr(strat, "bench_raw")
+        if raw is None:  # a raw transport's rows
+            continue
         for i, r in df[df["strategy"] == strat].iterrows():
             ref = df[(df["strategy"] == raw) & (df["size_bytes"] == r["size_bytes"])
                      & (df["servers"].fillna(0) == (r["servers"] if pd.notna(r["servers"]) else 0))]
@@ -102,22 +109,21 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
     transport plus the update with none of psring's logic, the PS's floor on this machine. ``force``:
     start even what the memory check (``launch.resources``) says this machine cannot hold."""
     groups = []
-    if "allreduce" in strategies:
-        groups.append({"strategy": "allreduce", "servers": 1})
-    if "ps" in strategies:
-        groups += [{"strategy": "ps", "servers": s} for s in (servers or sorted({1, workers}))]
-    check_bench(workers, [model_bytes(model)] if model else sizes,
-                [g["servers"] for g in groups if g["strategy"] == "ps"], floor, force)  # before anything starts
+    for name in (n for n in benchable() if n in strategies):  # those without servers first, then per S
+        groups += ([{"strategy": name, "servers": s} for s in (servers or sorted({1, workers}))]
+                   if uses_servers(name) else [{"strategy": name, "servers": 1}])
+    check_bench(workers, [model_bytes(model)] if model else sizes,  # before anything starts
+                [g["servers"] for g in groups if uses_servers(g["strategy"])], floor, force)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
+    frames = []
     for g in groups:
-        print(f"== {g['strategy']}" + (f" S={g['servers']}" if g["strategy"] == "ps" else "") + f", N={workers}",
-              flush=True)
+        print(f"== {g['strategy']}" + (f" S={g['servers']}" if uses_servers(g["strategy"]) else "")
+              + f", N={workers}", flush=True)
         spec = {**g, "sizes": [0] if model else sizes, "model": model, "warmup": warmup, "iters": iters, "chunk_bytes": chunk_bytes,
                 "out": str(out_dir), "timeout_s": min(timeout_s, 300), "bucket_mb": bucket_mb, "floor": floor}
-        rows += run_group(spec, out_dir, workers, timeout_s)
-    df = add_efficiency(pd.DataFrame(rows))
+        frames.append(add_efficiency(pd.DataFrame(run_group(spec, out_dir, workers, timeout_s))))
+    df = pd.concat(frames, ignore_index=True)
     df.to_csv(out_dir / "bench.csv", index=False)
     (out_dir / "bench.txt").write_text(format_table(df) + "\n")
     print()

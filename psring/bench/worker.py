@@ -23,11 +23,12 @@ from ..allocator import keep_freed_memory
 from ..config import OptimConfig
 from ..launch.children import Children
 from ..launch.launcher import start_listeners
-from ..sync.allreduce import TorchAllReduce
+from ..strategies import get
 from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
 from ..sync.reducer import ReduceSync
 from ..train.models import build_model
+from .cli import FLOOR_OF
 
 
 class FlatModel(nn.Module):
@@ -115,9 +116,10 @@ def shared_addrs(rank: int, make, path: Path) -> list[str]:
 
 
 def row(strategy: str, world: int, servers, size: int, times: list[float]) -> dict:
+    """A bench.csv row; ``servers`` None: an all-reduce (a reducer's or the raw one), else S servers."""
     t = statistics.median(times)
     algbw = size / t / 1e9
-    if strategy in ("allreduce", "raw_allreduce"):
+    if servers is None:
         factor = 2 * (world - 1) / world  # nccl-tests' bus bandwidth for all-reduce
     else:
         factor = max(1.0, world / servers)  # PS: the busiest link carries max(M, N*M/S) each way
@@ -127,6 +129,9 @@ def row(strategy: str, world: int, servers, size: int, times: list[float]) -> di
 
 
 def run(spec: dict) -> int:
+    entry = get(spec["strategy"])
+    if entry.bench_raw is None or (entry.reducer is None and not entry.servers):
+        raise ValueError(f"psring bench cannot time {entry.name}: it has no raw transport or no bench path")
     keep_freed_memory()  # as psring worker does
     torch.set_num_threads(1)
     pg = init_process_group("gloo", spec.get("timeout_s", 300))
@@ -136,7 +141,7 @@ def run(spec: dict) -> int:
     ctx = zmq.Context()
     socks, extra_socks = [], []
     try:
-        if strategy == "ps":
+        if entry.servers:
             addrs = shared_addrs(rank, lambda: start_set(kids, out, "echo", servers, world, f"s{servers}"),
                                  out / "addrs" / f"s{servers}-echo.json")
             socks = connect(ctx, addrs)
@@ -147,15 +152,15 @@ def run(spec: dict) -> int:
             model = build_model(spec["model"], 0) if spec.get("model") else FlatModel(size, max(16, servers))
             nbytes = sum(p.numel() * 4 for p in model.parameters())
             floors = []
-            if strategy == "allreduce":
+            if entry.reducer is not None:  # the reducer family: against one flat dist.all_reduce
                 flat = torch.randn(nbytes // 4)
-                sync = ReduceSync(TorchAllReduce(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
+                sync = ReduceSync(entry.reducer(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
                                   spec["warmup"], spec["iters"])
-                rows.append(row("raw_allreduce", world, None, nbytes, raw))
-                rows.append(row("allreduce", world, None, nbytes, mine))
-            else:
+                rows.append(row(entry.bench_raw, world, None, nbytes, raw))
+                rows.append(row(strategy, world, None, nbytes, mine))
+            else:  # a strategy with servers: psring's PS against a ZeroMQ echo to as many servers
                 payload = memoryview(torch.randn(nbytes // 4).numpy()).cast("B")
                 chunks = spec["chunk_bytes"] if isinstance(spec["chunk_bytes"], list) else [spec["chunk_bytes"]]
                 tag = f"s{servers}-{size}"
@@ -165,7 +170,8 @@ def run(spec: dict) -> int:
                               spec.get("bucket_mb", 25.0))
                 sync.attach(model)
                 echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
-                if spec.get("floor"):  # echo servers that also run the SGD update: the PS's floor here
+                # --floor: echo servers that also run the SGD update, the PS's floor here
+                if spec.get("floor") and entry.bench_raw in FLOOR_OF:
                     per = math.ceil(nbytes / servers)
                     sgd_socks = connect(ctx, shared_addrs(
                         rank, lambda: start_set(kids, out, "echo", servers, world, f"{tag}-sgd", per),
@@ -174,14 +180,14 @@ def run(spec: dict) -> int:
                     floors = [lambda i, c=c: echo_round(sgd_socks, payload, c) for c in chunks]
                 times = timed(echoes + floors + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
                 best = min(times[:len(chunks)], key=statistics.median)
-                rows.append(row("raw_zmq_echo", world, servers, nbytes, best))
+                rows.append(row(entry.bench_raw, world, servers, nbytes, best))
                 if floors:
-                    rows.append(row("raw_zmq_echo_sgd", world, servers, nbytes,
+                    rows.append(row(FLOOR_OF[entry.bench_raw], world, servers, nbytes,
                                     min(times[len(chunks):-1], key=statistics.median)))
-                rows.append(row("ps", world, servers, nbytes, times[-1]))  # (the raws: their best frame size)
+                rows.append(row(strategy, world, servers, nbytes, times[-1]))  # (raws: their best frame size)
                 sync.close()
             if rank == 0:
-                print(f"  {strategy:>9} S={servers if strategy == 'ps' else '-'} {nbytes:>11,d} B: "
+                print(f"  {strategy:>9} S={servers if entry.servers else '-'} {nbytes:>11,d} B: "
                       f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2 - bool(floors)]['time_s'] * 1e3:9.3f} ms)",
                       flush=True)
         if rank == 0:

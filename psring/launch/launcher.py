@@ -18,6 +18,7 @@ from pathlib import Path
 from ..config import ConfigError, TrainConfig
 from ..fileio import CAUSES, WriteError, describe, remove_temporaries
 from ..metrics.summary import finalize_run
+from ..strategies import uses_servers
 from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
 from .children import Child, Children
@@ -180,7 +181,7 @@ def run_once(cfg: TrainConfig, out: Path, echo: bool) -> None:
         if echo and place.net is not None:
             print(f"psring: network: {place.describe()}", flush=True)
         servers = []
-        if cfg.sync == "ps":
+        if uses_servers(cfg.sync):
             cfg.ps_addrs = start_servers(cfg, out, kids, place)
             servers = kids.children[:]
         cfg.save(out / "config.json")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..config import TrainConfig
 from ..metrics.wire import ENV as WIRE_ENV
 from ..net import EmulatedNetwork, check_available
+from ..strategies import uses_servers
 
 LOOPBACK = "127.0.0.1"
 
@@ -19,7 +20,7 @@ class Placement:
         self.cfg, self.net = cfg, None
         if cfg.net != "emulated":
             return
-        servers = cfg.servers if cfg.sync == "ps" else 0
+        servers = cfg.servers if uses_servers(cfg.sync) else 0
         overrides = {cfg.workers + i: cfg.server_link_rate for i in range(servers)} if cfg.server_link_rate else None
         check_available()  # NetError (a ConfigError): one line, exit 2
         self.net = EmulatedNetwork(cfg.workers + servers, cfg.link_rate, overrides, cfg.link_delay).open()

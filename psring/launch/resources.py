@@ -17,6 +17,7 @@ import os
 import sys
 
 from ..config import ConfigError, TrainConfig
+from ..strategies import uses_servers
 
 MiB = 1 << 20
 MODEL_BYTES = {"cnn": 2_180_392, "resnet18_narrow": 11_190_440, "resnet18": 44_695_848}  # parameters, float32
@@ -97,7 +98,7 @@ class Footprint:
 
 def check_train(cfg: TrainConfig, force: bool = False, echo: bool = True) -> None:
     """Refuse (``ConfigError``) a run that cannot fit in the memory available; warn on oversubscribed cores."""
-    n, s = cfg.workers, cfg.servers if cfg.sync == "ps" else 0
+    n, s = cfg.workers, cfg.servers if uses_servers(cfg.sync) else 0
     fp = Footprint(cfg.model, cfg.batch_size)
     avail = available_bytes()
     if avail is not None and fp.need(n, s) > avail and not force:

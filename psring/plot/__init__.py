@@ -9,8 +9,8 @@ What is drawn depends on what the folder holds:
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
-* run folders (``steps.jsonl``, ``ranks/`` or ``trace.json``) -> ``timeline_<run>`` of the ps run and
-  the all-reduce run with the most workers (and servers).
+* run folders (``steps.jsonl``, ``ranks/`` or ``trace.json``) -> ``timeline_<run>`` of the run with the
+  most workers (and servers) of each strategy whose communication is timed apart (ps, all-reduce).
 
 The cost model (alpha-beta, ``psring.costmodel``) needs the link's alpha and B: from
 ``--calibration FILE`` or ``FOLDER/calibration.json`` (``python -m psring.calibrate --out FOLDER``);
@@ -23,13 +23,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..strategies import uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
-from .timeline import figure_timeline, run_info
+from .timeline import figure_timeline, run_info, timeline_strategies
 
 __all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_servers", "figure_speedup",
            "figure_timeline", "main", "model_curve",
@@ -37,17 +38,19 @@ __all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "fig
 
 
 def timeline_runs(folder: Path) -> list[Path]:
-    """The ps run and the all-reduce run to draw: most workers, then most servers (first by name)."""
+    """A run to draw per strategy of ``timeline.timeline_strategies`` (registry order): most workers, then
+    most servers (first by name)."""
+    shown = timeline_strategies()
     best: dict[str, tuple] = {}
     for d in run_folders(folder):
         info = run_info(d)
         sync = info.get("sync")
-        if sync not in ("ps", "allreduce"):
+        if sync not in shown:
             continue
-        key = (int(info.get("workers") or 0), int(info.get("servers") or 0) if sync == "ps" else 0)
+        key = (int(info.get("workers") or 0), int(info.get("servers") or 0) if uses_servers(sync) else 0)
         if sync not in best or key > best[sync][0]:
             best[sync] = (key, d)
-    return [best[s][1] for s in ("ps", "allreduce") if s in best]
+    return [best[s][1] for s in shown if s in best]
 
 
 def _stem(prefix: str, folder: Path, sub: Path) -> str:

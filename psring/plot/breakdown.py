@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .common import PHASE_COLORS, is_num, new_figure, setting_key, spread_baselines, varying
-from .speedup import ORDER
+from ..strategies import attr, uses_servers
+from .common import PHASE_COLORS, is_num, new_figure, order_key, setting_key, spread_baselines, varying
 
 PS_PARTS = ["push", "wait", "pull"]
 PART_LABELS = {"push": "sync: push (hand to ZeroMQ)", "wait": "sync: wait (transfer, slowest worker, server update)",
@@ -17,7 +17,7 @@ def phase_table(runs: pd.DataFrame) -> pd.DataFrame:
     ``sync`` is split into the PS's push/wait/pull where recorded, in proportion to their shares of the
     sync time (the parts of one step add up to its sync time; their medians need not)."""
     runs = runs.copy()
-    runs["_order"] = runs["sync"].map(lambda s: ORDER.index(s) if s in ORDER else 99)
+    runs["_order"] = runs["sync"].map(order_key)
     sort = ["_order", "sync", "workers"] + (["servers"] if "servers" in runs else [])
     runs = runs.sort_values(sort, kind="stable")
     rows = []
@@ -32,7 +32,8 @@ def phase_table(runs: pd.DataFrame) -> pd.DataFrame:
         else:
             row.update({p: 0.0 for p in PS_PARTS})
         row["step"] = float(r["step_s_p50"]) * 1e3 if is_num(r.get("step_s_p50")) else float("nan")
-        row["sync_missing"] = r["sync"] == "ddp" or not is_num(r.get("sync_s_p50"))
+        # a strategy whose communication runs inside backward (DDP's) has no sync time of its own
+        row["sync_missing"] = not attr(r["sync"], "sync_timed", True) or not is_num(r.get("sync_s_p50"))
         row["label"] = bar_label(r)
         rows.append(row)
     return pd.DataFrame(rows).reset_index(drop=True)
@@ -40,7 +41,7 @@ def phase_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def bar_label(r) -> str:
     s = f"{r['sync']}\nN={int(r['workers'])}"
-    if r["sync"] == "ps" and is_num(r.get("servers")):
+    if uses_servers(r["sync"]) and is_num(r.get("servers")):
         s += f", S={int(r['servers'])}"
     return s
 

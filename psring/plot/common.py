@@ -11,14 +11,15 @@ from matplotlib.figure import Figure
 
 from ..bounds import gradient_bytes, is_num  # noqa: F401 - part of this module's interface
 from ..costmodel import Link, load_calibration
+from ..strategies import REGISTRY, attr, is_baseline, names, uses_servers
 from ..sweep import BASELINE_FREE, baseline_of, setting_text
 
 FORMATS = ("png", "svg")
 PHASE_COLORS = {"data": "tab:gray", "forward": "tab:blue", "backward": "tab:orange", "sync": "tab:red",
                 "push": "#f4a6a6", "wait": "tab:red", "pull": "#8b1a1a", "update": "tab:green"}
-SERIES_COLORS = {"none": "tab:gray", "allreduce": "tab:blue", "ddp": "tab:cyan", "ps": "tab:red",
-                 "ps_colocated": "tab:purple"}
-PS_COLORS = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]
+SERIES_COLORS = {**{name: s.color for name, s in REGISTRY.items()},  # each strategy's registry colour
+                 "ps_colocated": "tab:purple"}  # (a cost model's curve)
+PS_COLORS = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive"]  # a strategy's lines per S
 # Config columns that say which run a row is, not under which settings the sweep ran it.
 IDENTITY = {"run_id", "sync", "workers", "servers", "seed", "out", "status", "error", "ps_addrs"}
 CONFIG_HINTS = {"model", "dataset", "num_samples", "batch_size", "steps", "augment", "threads", "backend",
@@ -71,6 +72,36 @@ def fmt_bytes(n: float) -> str:
             v = n / (1 << k)
             return f"{v:.0f} {unit}" if abs(v - round(v)) < 0.05 else f"{v:.1f} {unit}"
     return f"{n:.0f} B"
+
+
+def strategy_order() -> list[str]:
+    """The registry's strategies in plotting order: the baseline, then those without servers, then those
+    with, each in registry order (none, allreduce, ddp, ps)."""
+    reg = names()
+    return sorted(reg, key=lambda n: (not is_baseline(n), uses_servers(n), reg.index(n)))
+
+
+def order_key(sync) -> int:
+    """A ``sync`` value's place in ``strategy_order()`` (names not in the registry last)."""
+    order = strategy_order()
+    return order.index(sync) if sync in order else 99
+
+
+def strategy_color(sync, default: str = "k") -> str:
+    """A strategy's registry colour (``default`` for a name not in the registry)."""
+    return attr(sync, "color", default)
+
+
+def server_colors(sync) -> list[str]:
+    """Colours of the lines of a strategy with servers, one per server count: its registry colour first,
+    then those of ``PS_COLORS`` that differ from it (for ps: ``PS_COLORS`` itself)."""
+    own = attr(sync, "color", PS_COLORS[0])
+    return [own, *(c for c in PS_COLORS if c != own)]
+
+
+def is_baseline_run(runs: pd.DataFrame) -> pd.Series:
+    """Per row: a run of the baseline strategy (``strategies.is_baseline``) with one worker."""
+    return runs["sync"].map(is_baseline).astype(bool) & (runs["workers"] == 1)
 
 
 def run_folders(folder: Path, max_depth: int = 3) -> list[Path]:
@@ -143,7 +174,7 @@ def spread_baselines(runs: pd.DataFrame) -> pd.DataFrame:
     rows that are someone's baseline give way to their copies; the others stay as they are."""
     free = [c for c in runs.columns if c in BASELINE_FREE and c in CONFIG_HINTS]
     base_of = baseline_of(runs)
-    is_base = (runs["sync"] == "none") & (runs["workers"] == 1)
+    is_base = is_baseline_run(runs)
     copies, seen = [], set()
     for i, b in base_of[~is_base].items():
         key = (b, tuple(setting_text(runs.at[i, c]) for c in free))

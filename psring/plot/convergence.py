@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import SERIES_COLORS, new_figure
+from ..strategies import attr, is_baseline, uses_servers
+from .common import new_figure, strategy_color
 
 CONSISTENCY_COLORS = {"bsp": "tab:red", "ssp": "tab:purple", "asp": "tab:olive"}
 
 
 def label(cfg: dict) -> str:
-    name = cfg["sync"] if cfg["sync"] != "ps" else f"ps {cfg.get('consistency', 'bsp').upper()}"
+    sync = cfg["sync"]  # a strategy with servers runs under a consistency model (BSP, SSP, ASP)
+    name = f"{sync} {cfg.get('consistency', 'bsp').upper()}" if uses_servers(sync) else sync
     if cfg.get("consistency") == "ssp":
         name += f"(k={cfg.get('staleness')})"
     slow = cfg.get("straggler")
@@ -39,7 +41,7 @@ def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
         summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
         found.append((json.loads(cfg_file.read_text()), ev, summary))
     if any(c.get("workers", 1) > 1 for c, _, _ in found):  # a sweep's speedup baseline (none, N=1, batch B)
-        found = [f for f in found if not (f[0].get("sync") == "none" and f[0].get("workers", 1) == 1)]
+        found = [f for f in found if not (is_baseline(f[0].get("sync")) and f[0].get("workers", 1) == 1)]
         # trains on a global batch N times smaller: another run, not a point of this comparison
     return found
 
@@ -51,8 +53,8 @@ def figure_convergence(folder: Path):
     fig, axes = new_figure(15, 4.6, ncols=3)
     ax_step, ax_wall, ax_stale = axes[0]
     for cfg, ev, _ in runs:
-        color = CONSISTENCY_COLORS.get(cfg.get("consistency"), "tab:red") if cfg["sync"] == "ps" \
-            else SERIES_COLORS.get(cfg["sync"], "tab:blue")
+        color = CONSISTENCY_COLORS.get(cfg.get("consistency"), attr(cfg["sync"], "color")) \
+            if uses_servers(cfg["sync"]) else strategy_color(cfg["sync"], "tab:blue")
         slow = bool(cfg.get("straggler")) and float(cfg["straggler"].split(":")[1]) > 1
         style = dict(color=color, linestyle="--" if slow else "-", marker="o", markersize=3, label=label(cfg))
         ax_step.plot(ev["step"] + 1, 100 * ev["test_acc"], **style)

@@ -6,13 +6,27 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from ..costmodel import Link, ps, ring_allreduce
-from .common import PS_COLORS, SERIES_COLORS, fmt_bytes, is_num, new_figure
+from ..bench.cli import FLOOR_OF, RAW_LABELS
+from ..costmodel import STRATEGIES, Link
+from ..strategies import attr, uses_servers
+from .common import fmt_bytes, is_num, new_figure, server_colors, strategy_color, strategy_order
 
-RAW_OF = {"raw_allreduce": "allreduce", "raw_zmq_echo": "ps", "raw_zmq_echo_sgd": "ps"}
-NAMES = {"allreduce": "allreduce (synchronizer)", "ps": "ps (synchronizer)",
-         "raw_allreduce": "raw dist.all_reduce", "raw_zmq_echo": "raw ZeroMQ echo",
-         "raw_zmq_echo_sgd": "raw ZeroMQ echo + SGD update"}
+
+def _bench_rows() -> tuple[list[str], dict[str, str]]:
+    """bench.csv's ``strategy`` values in plotting order (each benchable strategy in plot order, then its
+    raw transport and that one's floor), and raw transport or floor -> the first strategy it is timed
+    beside, whose colour it is drawn in."""
+    order, raw_of = [], {}
+    for name in strategy_order():
+        raw = attr(name, "bench_raw")
+        if raw is None:
+            continue
+        for r in (name, raw, *([FLOOR_OF[raw]] if raw in FLOOR_OF else [])):
+            if r not in order:
+                order.append(r)
+            if r != name:
+                raw_of.setdefault(r, name)
+    return order, raw_of
 
 
 def load_bench(path: str | Path) -> pd.DataFrame:
@@ -23,38 +37,40 @@ def load_bench(path: str | Path) -> pd.DataFrame:
 def bench_series(bench: pd.DataFrame) -> list[tuple[str, dict, pd.DataFrame]]:
     """``(label, style, rows)`` per (strategy, N, S), raw transports dashed in their strategy's colour."""
     many_n = bench["workers"].nunique() > 1
-    ps_servers = sorted(int(s) for s in bench.loc[bench["strategy"].isin(["ps", "raw_zmq_echo"]), "servers"]
-                        .dropna().unique())
+    order, raw_of = _bench_rows()
+    with_servers = bench["strategy"].map(lambda s: uses_servers(raw_of.get(s, s))).astype(bool)
+    ps_servers = sorted(int(s) for s in bench.loc[with_servers, "servers"].dropna().unique())
     out = []
     keys = bench[["strategy", "workers", "servers"]].drop_duplicates()
-    order = ["allreduce", "raw_allreduce", "ps", "raw_zmq_echo", "raw_zmq_echo_sgd"]
-    keys = keys.assign(_o=keys["strategy"].map(lambda s: order.index(s) if s in order else 9))
+    keys = keys.assign(_o=keys["strategy"].map(lambda s: order.index(s) if s in order else 99))
     for _, k in keys.sort_values(["_o", "workers", "servers"]).iterrows():
         strat, n, s = k["strategy"], int(k["workers"]), k["servers"]
         rows = bench[(bench["strategy"] == strat) & (bench["workers"] == n)
                      & (bench["servers"].fillna(-1) == (s if is_num(s) else -1))].sort_values("size_bytes")
-        base = RAW_OF.get(strat, strat)
-        label = NAMES.get(strat, strat)
-        if base == "ps" and is_num(s):
+        rows = rows.drop_duplicates("size_bytes")  # a raw transport timed beside two strategies: the first
+        base = raw_of.get(strat, strat)
+        raw = strat in raw_of
+        label = RAW_LABELS.get(strat, strat) if raw else f"{strat} (synchronizer)"
+        if uses_servers(base) and is_num(s):
             label += f", S={int(s)}"
-            color = PS_COLORS[ps_servers.index(int(s)) % len(PS_COLORS)]
+            colors = server_colors(base)
+            color = colors[ps_servers.index(int(s)) % len(colors)]
         else:
-            color = SERIES_COLORS.get(base, "k")
+            color = strategy_color(base)
         if many_n:
             label += f", N={n}"
-        raw = strat in RAW_OF
         style = {"color": color, "marker": "s" if raw else "o",
-                 "linestyle": ":" if strat == "raw_zmq_echo_sgd" else "--" if raw else "-",
+                 "linestyle": ":" if strat in FLOOR_OF.values() else "--" if raw else "-",
                  "fillstyle": "none" if raw else "full", "markersize": 5}
         out.append((label, style, rows))
     return out
 
 
 def model_time(strategy: str, n: int, servers, sizes, link: Link) -> list[float]:
-    """The cost model's sync time for the synchronizer ``strategy`` at each size (s)."""
-    if strategy == "allreduce":
-        return [ring_allreduce(n, m, link) for m in sizes]
-    return [ps(n, int(servers) if is_num(servers) else 1, m, link) for m in sizes]
+    """The cost model's sync time for the synchronizer ``strategy`` at each size (s): its registry
+    ``cost_model``, the PS's sequential formula (one server where ``servers`` is unknown)."""
+    model = STRATEGIES[attr(strategy, "cost_model")]
+    return [model(n, m, link, servers=int(servers) if is_num(servers) else None) for m in sizes]
 
 
 def plain_log_y(ax) -> None:
@@ -110,7 +126,7 @@ def figure_message_size(bench: pd.DataFrame, calibration: Link | None = None, ti
         ax_a.plot(x, rows["algbw_GBps"], label=label, **style)
         ax_b.plot(x, rows["busbw_GBps"], label=label, **style)
         strat = rows["strategy"].iloc[0]
-        if calibration is not None and strat in ("allreduce", "ps"):
+        if calibration is not None and attr(strat, "cost_model"):  # a strategy's rows, not a raw transport's
             sizes = sorted(x)
             t = model_time(strat, int(rows["workers"].iloc[0]), rows["servers"].iloc[0], sizes, calibration)
             ax_t.plot(sizes, [v * 1e3 for v in t], color=style["color"], linestyle=":", linewidth=1.5,

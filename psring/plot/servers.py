@@ -5,13 +5,20 @@ from __future__ import annotations
 import pandas as pd
 
 from ..bounds import with_bounds
-from ..costmodel import Link
-from .common import SERIES_COLORS, new_figure, plot_measured, saturated
+from ..costmodel import RING_MODEL, Link
+from ..strategies import REGISTRY, get
+from .common import new_figure, plot_measured, saturated
+
+
+def _server_rows(runs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the first strategy with servers (registry order) that ``runs`` holds (ps)."""
+    present = [n for n, s in REGISTRY.items() if s.servers and (runs["sync"] == n).any()]
+    return runs[runs["sync"] == present[0]] if present else runs.iloc[:0]
 
 
 def has_server_curve(runs: pd.DataFrame) -> bool:
     """A sweep of ps runs at one N with at least three values of S."""
-    ps = runs[(runs["sync"] == "ps") & (runs["status"] == "ok")] if "status" in runs else runs[runs["sync"] == "ps"]
+    ps = _server_rows(runs[runs["status"] == "ok"] if "status" in runs else runs)
     return ps["workers"].nunique() == 1 and ps["servers"].nunique() >= 3
 
 
@@ -19,15 +26,21 @@ def figure_servers(runs: pd.DataFrame, calibration: Link | None = None):
     """Sync time vs S for the ps runs (measured, and their bound dashed); the ring's as lines."""
     df = with_bounds(runs[runs["status"] == "ok"] if "status" in runs else runs,
                      calibration.alpha_s if calibration else 0.0)
-    ps = df[df["sync"] == "ps"].sort_values("servers")
+    ps = _server_rows(df).sort_values("servers")
     n = int(ps["workers"].iloc[0])
     fig, axes = new_figure(7, 4.6)
     ax = axes[0][0]
-    red, blue = SERIES_COLORS["ps"], SERIES_COLORS["allreduce"]
-    plot_measured(ax, ps["servers"], ps["sync_s_p50"], saturated(ps), red, "ps, measured (median sync time)")
+    # the ring: the first strategy (registry order) timed apart whose cost model is the ring's, with runs at N
+    rings = [r for name, s in REGISTRY.items() if s.cost_model == RING_MODEL and s.sync_timed
+             and len(r := df[(df["sync"] == name) & (df["workers"] == n)])]
+    ring = rings[0] if rings else df.iloc[:0]
+    name = ps["sync"].iloc[0]
+    red = get(name).color
+    blue = get(ring["sync"].iloc[0]).color if len(ring) else None
+    plot_measured(ax, ps["servers"], ps["sync_s_p50"], saturated(ps), red,
+                  f"{name}, measured (median sync time)")
     ax.plot(ps["servers"], ps["bound_s"], color=red, linestyle="--",
-            label="ps bound: 2α + max(M/B, N·M/(S·B))·(1 + 1/k)")
-    ring = df[(df["sync"] == "allreduce") & (df["workers"] == n)]
+            label=f"{name} bound: 2α + max(M/B, N·M/(S·B))·(1 + 1/k)")
     if len(ring):
         ax.axhline(ring["sync_s_p50"].iloc[0], color=blue, label="ring all-reduce, measured")
         ax.axhline(ring["bound_s"].iloc[0], color=blue, linestyle="--", label="ring bound: 2(N−1)α + 2(N−1)/N·M/B")

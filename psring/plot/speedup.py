@@ -9,26 +9,29 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..costmodel import STRATEGIES, TCP_GOODPUT, Link, predicted_speedup
+from ..costmodel import PS_MODEL, STRATEGIES, TCP_GOODPUT, Link, predicted_speedup
 from ..bounds import ps_chunks_per_server
+from ..strategies import attr, baseline_name, names, uses_servers
 from ..sweep import baseline_of
 from .common import (
-    PS_COLORS,
-    SERIES_COLORS,
     fmt_bytes,
     gradient_bytes,
     is_num,
     new_figure,
     note_hollow,
+    order_key,
     plot_measured,
     saturated,
+    server_colors,
     setting_key,
     spread_baselines,
+    strategy_color,
+    strategy_order,
     varying,
 )
 
-ORDER = ["none", "allreduce", "ddp", "ps"]
-MODEL_OF = {"allreduce": "allreduce", "ddp": "allreduce", "ps": "ps"}  # sync -> costmodel.STRATEGIES
+ORDER = strategy_order()  # the registry's, for plots (the functions here ask the registry themselves)
+MODEL_OF = {n: attr(n, "cost_model") for n in ORDER if attr(n, "cost_model")}  # sync -> costmodel.STRATEGIES
 
 
 def model_curve(ns, compute_s: float, m_bytes: float, link: Link, strategy: str,
@@ -39,7 +42,7 @@ def model_curve(ns, compute_s: float, m_bytes: float, link: Link, strategy: str,
     workers of ``compute_s`` each against one that does not synchronize). ``chunks(n, s)``: ps's
     chunks per server at N = n, S = s, for its pipelined bound (None: the sequential formula)."""
     if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; one of {sorted(STRATEGIES)}")
+        raise ValueError(f"unknown cost model {strategy!r}; one of {sorted(STRATEGIES)}")
     rows = []
     for n in ns:
         n = int(n)
@@ -55,14 +58,14 @@ def model_curve(ns, compute_s: float, m_bytes: float, link: Link, strategy: str,
 class Series:
     label: str
     sync: str
-    servers: int | str | None  # ps: an int or "N"
+    servers: int | str | None  # a strategy with servers: an int or "N"
     rows: pd.DataFrame
     settings: dict = field(default_factory=dict)  # the values of the sweep's varying settings
 
 
 def split_series(runs: pd.DataFrame) -> list[Series]:
-    """One line per strategy (and per value of any other setting that varies); ps splits by S = 1,
-    S = N or another fixed S, the N = 1, S = 1 run belonging to each."""
+    """One line per strategy (and per value of any other setting that varies); one with servers (ps)
+    splits by S = 1, S = N or another fixed S, the N = 1, S = 1 run belonging to each."""
     vary = varying(runs)
     groups = runs.groupby(vary, dropna=False, sort=True) if vary else [((), runs)]
     out = []
@@ -70,10 +73,10 @@ def split_series(runs: pd.DataFrame) -> list[Series]:
         key = key if isinstance(key, tuple) else (key,)
         settings = dict(zip(vary, key))
         extra = "".join(f", {k}={v}" for k, v in settings.items())
-        syncs = sorted(g["sync"].unique(), key=lambda s: (ORDER.index(s) if s in ORDER else 99, s))
+        syncs = sorted(g["sync"].unique(), key=lambda s: (order_key(s), s))
         for sync in syncs:
             rows = g[g["sync"] == sync].sort_values("workers")
-            if sync != "ps":
+            if not uses_servers(sync):
                 out.append(Series(f"{sync}{extra}", sync, None, rows, settings))
                 continue
             multi = rows[rows["workers"] > 1]
@@ -84,7 +87,7 @@ def split_series(runs: pd.DataFrame) -> list[Series]:
                     sel = rows[rows["servers"] == rows["workers"]]
                 else:
                     sel = rows[rows["servers"] == kind]
-                out.append(Series(f"ps, S={kind}{extra}", "ps", kind, sel, settings))
+                out.append(Series(f"{sync}, S={kind}{extra}", sync, kind, sel, settings))
     return out
 
 
@@ -114,13 +117,18 @@ def series_link(series: Series, calibration: Link | None) -> tuple[Link | None, 
 
 
 def ps_chunks(series: Series, m_bytes: float):
-    """(n, s) -> the chunks per server a ps run of this series used at N = n, S = s (``bounds``)."""
+    """(n, s) -> the chunks per server a PS run of this series used at N = n, S = s (``bounds``)."""
     r = series.rows.iloc[0]
     return lambda n, s: ps_chunks_per_server(r, n, s, m_bytes)
 
 
 def color_of(series: Series, i_ps: int) -> str:
-    return PS_COLORS[i_ps % len(PS_COLORS)] if series.sync == "ps" else SERIES_COLORS.get(series.sync, "k")
+    """Its strategy's registry colour; for the ``i_ps``-th line of a strategy with servers (one per S),
+    the ``i_ps``-th of ``server_colors``."""
+    if uses_servers(series.sync):
+        colors = server_colors(series.sync)
+        return colors[i_ps % len(colors)]
+    return strategy_color(series.sync)
 
 
 def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
@@ -133,21 +141,22 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
     any_model, i_ps = False, 0
     for s in split_series(runs):
         color = color_of(s, i_ps)
-        i_ps += s.sync == "ps"
+        i_ps += uses_servers(s.sync)
+        model = attr(s.sync, "cost_model")
         sat = saturated(s.rows)
         plot_measured(ax, s.rows["workers"], s.rows["speedup"], sat, color, f"{s.label} (measured)")
-        if s.sync != "none":
+        if model is not None or s.sync not in names():  # a strategy that moves no bytes (none): no sync time
             ms = s.rows["sync_s_p50"].astype(float) * 1e3
             plot_measured(ax2, s.rows["workers"], ms, sat, color, f"{s.label} (measured)")
         link, server_link = series_link(s, calibration)
         c = compute_time(runs, s)
-        if s.sync in MODEL_OF and link is not None and c and m_bytes:
-            chunks = ps_chunks(s, m_bytes) if s.sync == "ps" else None
-            mc = model_curve(grid, c, m_bytes, link, MODEL_OF[s.sync], s.servers, server_link, chunks=chunks)
+        if model is not None and link is not None and c and m_bytes:
+            chunks = ps_chunks(s, m_bytes) if model == PS_MODEL else None  # the PS model's pipelined bound
+            mc = model_curve(grid, c, m_bytes, link, model, s.servers, server_link, chunks=chunks)
             ax.plot(mc["workers"], mc["speedup"], color=color, linestyle="--", linewidth=1.2)
             ax2.plot(mc["workers"], mc["sync_s"] * 1e3, color=color, linestyle="--", linewidth=1.2)
-            if s.sync == "ps":  # the sequential formula beside the bound, to show what pipelining buys
-                seq = model_curve(grid, c, m_bytes, link, "ps", s.servers, server_link)
+            if chunks is not None:  # the sequential formula beside the bound, to show what pipelining buys
+                seq = model_curve(grid, c, m_bytes, link, model, s.servers, server_link)
                 ax2.plot(seq["workers"], seq["sync_s"] * 1e3, color=color, linestyle=":", linewidth=1)
             any_model = True
     if any_model:
@@ -170,7 +179,7 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
         a.set_xlabel("workers N")
         a.set_xticks(ns)
         a.grid(alpha=0.3)
-    ax.set_ylabel("speedup over one worker without communication (none, N=1)")
+    ax.set_ylabel(f"speedup over one worker without communication ({baseline_name()}, N=1)")
     ax.set_ylim(0, max(max(ns), float(runs["speedup"].max()) * 1.1) * 1.05)
     ax.legend(fontsize=8, loc="upper left")
     ax2.set_ylabel("sync time per step, median (ms)")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..metrics.jsonl import read_jsonl
+from ..strategies import REGISTRY, uses_servers
 from .common import PHASE_COLORS, is_num, new_figure
 
 WORKER_PHASES = ["data", "forward", "backward", "sync", "update"]
@@ -21,6 +22,12 @@ LABELS = {"wait": "sync: wait (ps: for servers and the slowest worker)", "push":
           "pull": "sync: pull", "sync": "sync (allreduce: waiting for the ring)",
           "wait for slowest worker": "server: wait for the slowest worker's push",
           "update + reply": "server: update + reply"}
+
+
+def timeline_strategies() -> tuple[str, ...]:
+    """The strategies whose runs get a timeline, in registry order: those that communicate (a cost model)
+    and whose sync is timed apart from backward (``sync_timed``; DDP's is not)."""
+    return tuple(n for n, s in REGISTRY.items() if s.sync_timed and s.cost_model is not None)
 
 
 def run_info(run_dir: Path) -> dict:
@@ -104,7 +111,7 @@ def pick_steps(segs: pd.DataFrame, warmup: int, count: int) -> list[int]:
 
 def run_title(run_dir: Path, info: dict) -> str:
     sync, n = info.get("sync", "?"), info.get("workers", "?")
-    s = f", S={info['servers']}" if sync == "ps" else ""
+    s = f", S={info['servers']}" if uses_servers(sync) else ""
     run_dir = Path(run_dir)
     name = run_dir.name if run_dir.name != sync else f"{run_dir.parent.name}/{run_dir.name}"
     return f"{sync}, N={n}{s} ({name})"
