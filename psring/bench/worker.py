@@ -128,6 +128,53 @@ def row(strategy: str, world: int, servers, size: int, times: list[float]) -> di
             "busbw_GBps": algbw * factor, "iters": len(times)}
 
 
+def bench_reducer(entry, pg, model, nbytes: int, spec: dict) -> list[dict]:
+    """(raw all-reduce row, the reducer's row) for one size: ReduceSync over the entry's reducer against one
+    flat ``dist.all_reduce`` of the same bytes, interleaved."""
+    flat = torch.randn(nbytes // 4)
+    sync = ReduceSync(entry.reducer(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
+    try:
+        sync.attach(model)
+        raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
+                          spec["warmup"], spec["iters"])
+    finally:
+        sync.close()
+    return [row(entry.bench_raw, pg.world, None, nbytes, raw), row(entry.name, pg.world, None, nbytes, mine)]
+
+
+def bench_ps(entry, spec: dict, model, nbytes: int, where: tuple, socks: list) -> tuple[list[dict], list]:
+    """(rows, sockets to close) for one size: the PS against the raw echo (its best frame size) and, with
+    ``floor``, against echo servers that also run the SGD update (the PS's floor here).
+    ``where``: (children, zmq context, output folder, rank, world, servers)."""
+    kids, ctx, out, rank, world, servers = where
+    payload = memoryview(torch.randn(nbytes // 4).numpy()).cast("B")
+    chunks = spec["chunk_bytes"] if isinstance(spec["chunk_bytes"], list) else [spec["chunk_bytes"]]
+    tag = f"s{servers}-{nbytes}"
+    addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
+                         out / "addrs" / f"{tag}.json")
+    sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300),
+                  spec.get("bucket_mb", 25.0))
+    sync.attach(model)
+    echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
+    floors, sgd_socks = [], []
+    if spec.get("floor") and entry.bench_raw in FLOOR_OF:
+        per = math.ceil(nbytes / servers)
+        sgd_socks = connect(ctx, shared_addrs(
+            rank, lambda: start_set(kids, out, "echo", servers, world, f"{tag}-sgd", per),
+            out / "addrs" / f"{tag}-sgd.json"))
+        floors = [lambda i, c=c: echo_round(sgd_socks, payload, c) for c in chunks]
+    try:
+        times = timed(echoes + floors + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
+    finally:
+        sync.close()
+    rows = [row(entry.bench_raw, world, servers, nbytes, min(times[:len(chunks)], key=statistics.median))]
+    if floors:
+        rows.append(row(FLOOR_OF[entry.bench_raw], world, servers, nbytes,
+                        min(times[len(chunks):-1], key=statistics.median)))
+    rows.append(row(entry.name, world, servers, nbytes, times[-1]))  # (raws: their best frame size)
+    return rows, sgd_socks
+
+
 def run(spec: dict) -> int:
     entry = get(spec["strategy"])
     if entry.bench_raw is None or (entry.reducer is None and not entry.servers):
@@ -151,41 +198,12 @@ def run(spec: dict) -> int:
         for size in spec["sizes"]:
             model = build_model(spec["model"], 0) if spec.get("model") else FlatModel(size, max(16, servers))
             nbytes = sum(p.numel() * 4 for p in model.parameters())
-            floors = []
             if entry.reducer is not None:  # the reducer family: against one flat dist.all_reduce
-                flat = torch.randn(nbytes // 4)
-                sync = ReduceSync(entry.reducer(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
-                sync.attach(model)
-                raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
-                                  spec["warmup"], spec["iters"])
-                rows.append(row(entry.bench_raw, world, None, nbytes, raw))
-                rows.append(row(strategy, world, None, nbytes, mine))
+                new, floors = bench_reducer(entry, pg, model, nbytes, spec), False
             else:  # a strategy with servers: psring's PS against a ZeroMQ echo to as many servers
-                payload = memoryview(torch.randn(nbytes // 4).numpy()).cast("B")
-                chunks = spec["chunk_bytes"] if isinstance(spec["chunk_bytes"], list) else [spec["chunk_bytes"]]
-                tag = f"s{servers}-{size}"
-                addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
-                                     out / "addrs" / f"{tag}.json")
-                sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300),
-                              spec.get("bucket_mb", 25.0))
-                sync.attach(model)
-                echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
-                # --floor: echo servers that also run the SGD update, the PS's floor here
-                if spec.get("floor") and entry.bench_raw in FLOOR_OF:
-                    per = math.ceil(nbytes / servers)
-                    sgd_socks = connect(ctx, shared_addrs(
-                        rank, lambda: start_set(kids, out, "echo", servers, world, f"{tag}-sgd", per),
-                        out / "addrs" / f"{tag}-sgd.json"))
-                    extra_socks += sgd_socks
-                    floors = [lambda i, c=c: echo_round(sgd_socks, payload, c) for c in chunks]
-                times = timed(echoes + floors + [lambda i: sync.step(i).sync_s], spec["warmup"], spec["iters"])
-                best = min(times[:len(chunks)], key=statistics.median)
-                rows.append(row(entry.bench_raw, world, servers, nbytes, best))
-                if floors:
-                    rows.append(row(FLOOR_OF[entry.bench_raw], world, servers, nbytes,
-                                    min(times[len(chunks):-1], key=statistics.median)))
-                rows.append(row(strategy, world, servers, nbytes, times[-1]))  # (raws: their best frame size)
-                sync.close()
+                new, extra = bench_ps(entry, spec, model, nbytes, (kids, ctx, out, rank, world, servers), socks)
+                floors, extra_socks = bool(extra), extra_socks + extra
+            rows += new
             if rank == 0:
                 print(f"  {strategy:>9} S={servers if entry.servers else '-'} {nbytes:>11,d} B: "
                       f"{rows[-1]['time_s'] * 1e3:9.3f} ms (raw {rows[-2 - bool(floors)]['time_s'] * 1e3:9.3f} ms)",
