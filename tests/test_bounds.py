@@ -77,3 +77,15 @@ def test_committed_speedups_are_over_the_one_no_communication_baseline(name):
     ok = runs[runs["status"] == "ok"]
     assert (ok["speedup"] - ok["samples_per_s"] / base["samples_per_s"].iloc[0]).abs().max() < 1e-9
     assert "cpu_util" in runs and "cpu_saturated" in runs
+
+
+def test_committed_ring_is_within_10_percent_of_gloo_and_of_its_bound_and_moves_2_n_minus_1_over_n_m():
+    """results/ring (issue 14): the hand-written ring on emulated 1 Gbit links, N = 2, 4, 8, link-bound."""
+    runs = committed("ring")
+    lb = runs[runs["link_bound"]]
+    for n in (2, 4, 8):
+        ring, gloo = lb[(lb["sync"] == "ring") & (lb["workers"] == n)], lb[(lb["sync"] == "allreduce") & (lb["workers"] == n)]
+        assert len(ring) == 1 and len(gloo) == 1, f"N={n}: no link-bound ring and allreduce pair"
+        assert ring["sync_s_p50"].iloc[0] <= 1.10 * gloo["sync_s_p50"].iloc[0]
+        assert abs(ring["over_bound"].iloc[0] - 1) <= 0.10
+        assert ring["bytes_sent_per_step"].iloc[0] == 2 * (n - 1) * M // n

@@ -14,7 +14,6 @@ whole table, listed in ``TABLES_OF_OTHER_NAMES`` with the reason.
 from __future__ import annotations
 
 import ast
-import inspect
 from pathlib import Path
 
 import pandas as pd
@@ -246,9 +245,14 @@ def test_a_new_strategy_is_plotted_bounded_and_benchable_from_its_entry(gossip):
     assert not strategies.uses_servers("gossip") and not strategies.is_baseline("gossip")
 
 
-def test_bench_worker_times_any_reducer_against_the_flat_all_reduce():
-    """bench/worker builds ``ReduceSync(entry.reducer(pg), ...)`` and names its rows from the entry."""
-    from psring.bench import worker
-
-    src = inspect.getsource(worker.run)
-    assert "entry.reducer(pg)" in src and "entry.bench_raw" in src and "TorchAllReduce" not in src
+def test_bench_times_a_new_reducer_against_the_flat_all_reduce(psring, tmp_path):
+    """``psring bench --strategies ring``: a strategy the bench never named, timed through its registry
+    ``reducer`` against one flat ``dist.all_reduce`` of the same bytes (its ``bench_raw`` row)."""
+    out = tmp_path / "bench"
+    r = psring.run("bench", "--strategies", "ring", "--workers", "2", "--sizes", "64K,1M", "--warmup", "1",
+                   "--iters", "3", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    df = pd.read_csv(out / "bench.csv")
+    assert set(df["strategy"]) == {"ring", "raw_allreduce"}
+    assert sorted(df.groupby("strategy").size().to_dict().items()) == [("raw_allreduce", 2), ("ring", 2)]
+    assert (df["time_s"] > 0).all()

@@ -138,7 +138,7 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
     ns = sorted(int(n) for n in runs["workers"].unique())
     grid = list(range(1, max(ns) + 1))
     ax.plot(grid, grid, color="black", linestyle=":", linewidth=1, label="ideal (linear, speedup = N)")
-    any_model, i_ps = False, 0
+    any_model, any_sequential, i_ps = False, False, 0
     for s in split_series(runs):
         color = color_of(s, i_ps)
         i_ps += uses_servers(s.sync)
@@ -158,12 +158,14 @@ def draw_speedup(ax, ax2, runs: pd.DataFrame, calibration: Link | None = None,
             if chunks is not None:  # the sequential formula beside the bound, to show what pipelining buys
                 seq = model_curve(grid, c, m_bytes, link, model, s.servers, server_link)
                 ax2.plot(seq["workers"], seq["sync_s"] * 1e3, color=color, linestyle=":", linewidth=1)
+                any_sequential = True
             any_model = True
     if any_model:
         for a in (ax, ax2):
             a.plot([], [], color="0.4", linestyle="--", label="cost model, no overlap (dashed, colour as line; "
                                                               "ps: pipelined bound)")
-        ax2.plot([], [], color="0.4", linestyle=":", label="ps without pipelining (push, then pull)")
+        if any_sequential:
+            ax2.plot([], [], color="0.4", linestyle=":", label="ps without pipelining (push, then pull)")
         r = runs.iloc[0]
         if r.get("net") == "emulated" and isinstance(r.get("link_rate"), str):
             alpha = f"α = {calibration.alpha_s * 1e6:.0f} µs (calibration)" if calibration else "α = 0 (no calibration)"
