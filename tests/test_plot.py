@@ -104,7 +104,7 @@ def test_sweep_helpers_on_scaling():
     runs = run_table(ROOT / "results" / "scaling")
     assert gradient_bytes(runs) == 2_180_392  # 545,098 float32 parameters, from 2(N-1)/N*M at N=2
     labels = [s.label for s in split_series(runs)]
-    assert labels == ["none", "allreduce", "ps, S=1", "ps, S=N"]
+    assert labels == ["no communication", "all-reduce", "ps, S=1", "ps, S=N"]  # the registry's labels
     ps_n = split_series(runs)[-1]
     assert ps_n.rows["workers"].tolist() == [1, 2, 4] and ps_n.rows["servers"].tolist() == [1, 2, 4]
     none1 = runs[(runs["sync"] == "none") & (runs["workers"] == 1)].iloc[0]

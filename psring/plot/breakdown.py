@@ -40,7 +40,7 @@ def phase_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def bar_label(r) -> str:
-    s = f"{r['sync']}\nN={int(r['workers'])}"
+    s = f"{attr(r['sync'], 'label', r['sync'])}\nN={int(r['workers'])}"
     if uses_servers(r["sync"]) and is_num(r.get("servers")):
         s += f", S={int(r['servers'])}"
     return s

@@ -16,7 +16,8 @@ CONSISTENCY_COLORS = {"bsp": "tab:red", "ssp": "tab:purple", "asp": "tab:olive"}
 
 def label(cfg: dict) -> str:
     sync = cfg["sync"]  # a strategy with servers runs under a consistency model (BSP, SSP, ASP)
-    name = f"{sync} {cfg.get('consistency', 'bsp').upper()}" if uses_servers(sync) else sync
+    own = attr(sync, "label", sync)
+    name = f"{own} {cfg.get('consistency', 'bsp').upper()}" if uses_servers(sync) else own
     if cfg.get("consistency") == "ssp":
         name += f"(k={cfg.get('staleness')})"
     slow = cfg.get("straggler")

@@ -77,7 +77,7 @@ def split_series(runs: pd.DataFrame) -> list[Series]:
         for sync in syncs:
             rows = g[g["sync"] == sync].sort_values("workers")
             if not uses_servers(sync):
-                out.append(Series(f"{sync}{extra}", sync, None, rows, settings))
+                out.append(Series(f"{attr(sync, 'label', sync)}{extra}", sync, None, rows, settings))
                 continue
             multi = rows[rows["workers"] > 1]
             kinds = sorted({"N" if s == n else int(s) for n, s in zip(multi["workers"], multi["servers"])},
@@ -87,7 +87,7 @@ def split_series(runs: pd.DataFrame) -> list[Series]:
                     sel = rows[rows["servers"] == rows["workers"]]
                 else:
                     sel = rows[rows["servers"] == kind]
-                out.append(Series(f"{sync}, S={kind}{extra}", sync, kind, sel, settings))
+                out.append(Series(f"{attr(sync, 'label', sync)}, S={kind}{extra}", sync, kind, sel, settings))
     return out
 
 
