@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import config_checks as checks
 from . import strategies
 from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
 
@@ -35,7 +36,7 @@ NETS = ("loopback", "emulated")
 SECTIONS = {"run": "run", "model": "model", "data": "data", "optimizer": "optimizer",
             "buckets": "gradient buckets and overlap", "ps": "parameter server",
             "network": "network (--net emulated)", "compute": "compute", "measurement": "measurement",
-            "checkpoints": "checkpoints", "experiments": "experiments"}
+            "checkpoints": "checkpoints", "compression": "compression", "experiments": "experiments"}
 
 
 def owners(section: str) -> tuple[str, ...]:
@@ -48,11 +49,6 @@ def section_titles() -> dict[str, str]:
     return {k: f"{t} (--sync {' | '.join(owners(k))})" if owners(k) else t for k, t in SECTIONS.items()}
 
 
-def _betas(v) -> str | None:
-    ok = len(v) == 2 and all(0 <= b < 1 for b in v)
-    return None if ok else f"must be two numbers in [0, 1), got {tuple(v)}"
-
-
 @dataclass
 class OptimConfig:
     """Optimizer hyper-parameters; the same values drive the workers' optimizer and the PS servers' one.
@@ -62,35 +58,13 @@ class OptimConfig:
     momentum: float = opt(0.9, "SGD's momentum", section="optimizer", check=within(0, 1))
     weight_decay: float = opt(5e-4, "L2 weight decay", section="optimizer", check=at_least(0))
     name: str = opt("sgd", "the optimizer", section="optimizer", flag="--optimizer", choices=OPTIMIZERS)
-    betas: tuple[float, float] = opt((0.9, 0.999), "Adam's betas", section="optimizer", check=_betas,
+    betas: tuple[float, float] = opt((0.9, 0.999), "Adam's betas", section="optimizer", check=checks.betas,
                                      metavar=("B1", "B2"))
     eps: float = opt(1e-8, "Adam's eps", section="optimizer", check=above(0))
 
     def validate(self) -> None:
         self.betas = tuple(self.betas)
         check_options(self)
-
-
-def _curve_keys(folder: str) -> str | None:
-    from .auth import AuthError, check_dir
-
-    try:
-        check_dir(folder, "server")
-        check_dir(folder, "worker")
-    except AuthError as e:
-        return f"{folder}: {e}"
-    return None
-
-
-def _compute(v: str) -> str | None:
-    mode, _, ms = v.partition(":")
-    if mode not in ("real", "emulated") or (ms and mode != "emulated"):
-        return f"must be real, emulated or emulated:MS, got {v!r}"
-    try:
-        ok = not ms or float(ms) > 0
-    except ValueError:
-        ok = False
-    return None if ok else f"emulated:MS needs a positive number of milliseconds, got {ms!r}"
 
 
 _SYNC_HELP = "how gradients are synchronized: " + "; ".join(f"{n}: {strategies.get(n).help}"
@@ -148,7 +122,7 @@ class TrainConfig:
     ps_design: str = opt("server-optimizer", "server-optimizer (servers update) | aggregate (servers sum, "
                          "workers update)", section="ps", choices=PS_DESIGNS)
     curve: str | None = opt(None, "CurveZMQ key folder from `psring keys DIR` (encrypted; servers accept only "
-                            "authorized workers)", section="ps", check=_curve_keys)
+                            "authorized workers)", section="ps", check=checks.curve_keys)
     checkpoint_every: int = opt(0, "write an atomic checkpoint (model, optimizer, PS shards) every K steps "
                                 "(0: never)", section="checkpoints", check=at_least(0))
     resume: str | None = opt(None, "continue from the checkpoint in this run folder (or its checkpoint/)",
@@ -163,12 +137,18 @@ class TrainConfig:
     server_link_rate: str | None = opt(None, "PS servers' links, if different", section="network")
     link_delay: str | None = opt(None, "one-way delay, e.g. 1ms (needs sch_netem)", section="network")
     compute: str = opt("real", "real | emulated | emulated:MS: replace forward+backward by a wait "
-                       "(emulated: the measured single-worker time)", section="compute", check=_compute)
+                       "(emulated: the measured single-worker time)", section="compute", check=checks.compute)
     out: str = opt("runs/latest", "output directory (psring train: default a new runs/DATE-TIME-SYNC-nN, or "
                    "the run folder of --resume; psring worker: %(default)s)", section="run")
     ps_addrs: list[str] = opt([], "comma-separated addresses of running `psring server`s (psring train "
                               "starts its own and fills this in)", section="ps", commands=("worker",),
                               metavar="tcp://HOST:PORT,...")
+    # compression last: config.json's earlier keys keep their order
+    compress: str = opt("none", "gradient codec: none, fp16, bf16, topk:RATIO, randomk:RATIO, onebit (which "
+                        "ones a strategy takes: its registry entry)", section="compression",
+                        metavar="CODEC", check=checks.compress_spec)
+    error_feedback: bool = opt(True, "drop error feedback (the residual a sparse or 1-bit codec carries to "
+                               "the next step)", section="compression")
 
     @property
     def samples(self) -> int:
@@ -202,6 +182,7 @@ class TrainConfig:
                 f"exceeds the data set's {self.samples} samples; lower one or raise --num-samples"
             )
         self._check_straggler()
+        checks.check_compress(self)
         for section in s.options:
             SECTION_CHECKS.get(section, lambda cfg: None)(self)
         if self.dataset != "synthetic":
@@ -271,27 +252,5 @@ class TrainConfig:
             raise ConfigError(f"cannot read config {path}: {e}") from None
 
 
-def _check_ps(cfg: TrainConfig) -> None:
-    """The servers' own rules, here before anything starts: the design/consistency/staleness combination
-    (``consistency.check_semantics``, which every server applies to its init) and the shard plan
-    (``sharding.plan_chunks``: every server owns at least one parameter element). The model is built on
-    the meta device: shapes only, no memory."""
-    import torch
-
-    from .sync.buckets import flat_layout, space_sizes
-    from .sync.ps.consistency import check_semantics
-    from .sync.ps.sharding import plan_chunks
-    from .train.models import build_model
-
-    try:
-        check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
-        with torch.device("meta"):
-            model = build_model(cfg.model, 0)
-        sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
-        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-
-
 # the checks of a strategy-specific section, run when the strategy reads it (``Strategy.options``)
-SECTION_CHECKS = {"ps": _check_ps}
+SECTION_CHECKS = {"ps": checks.check_ps}

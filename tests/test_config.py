@@ -23,7 +23,8 @@ KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_d
         "steps", "seed", "augment", "optim", "threads", "backend", "timeout_s", "log_every", "warmup", "trace",
         "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "consistency", "staleness",
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
-        "server_link_rate", "link_delay", "compute", "out", "ps_addrs"]
+        "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
+        "compress", "error_feedback"]
 OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
 
 

@@ -1,0 +1,183 @@
+"""The codecs behind ``--compress CODEC`` and ``parse``, the registry that turns a spec into one.
+
+* ``none``: the identity (float32 as it is), the reference every codec is measured against.
+* ``fp16``, ``bf16``: the bucket cast to that dtype (``dense``: encodings can be summed in it, as
+  Horovod's ``Compression.fp16`` and DDP's ``fp16_compress_hook`` do). 2 bytes per element.
+* ``topk:RATIO``: the k = ceil(RATIO * numel) largest magnitudes, as int32 indices and float32 values
+  (Aji & Heafield 2017; Lin et al., Deep Gradient Compression, 2018). 8k bytes.
+* ``randomk:RATIO``: k indices drawn uniformly without replacement from a generator seeded by (bucket,
+  rank, step), so a run is reproducible and resumes exactly (Stich et al. 2018). 8k bytes.
+* ``onebit``: the signs packed 8 per byte and one float32 scale, the mean |x| of the bucket (1-bit SGD,
+  Seide et al. 2014; signSGD with a scale, Bernstein et al. 2018). ceil(numel / 8) + 4 bytes.
+
+The sparse and 1-bit codecs carry error feedback unless told not to: each encodes grad + residual and
+keeps residual = (grad + residual) - decode(encode(grad + residual)), so what one step drops is sent
+later (Karimireddy et al. 2019, "Error feedback fixes SignSGD").
+
+    >>> c = parse("topk:0.5")
+    >>> enc = c.encode(torch.tensor([1.0, -3.0, 0.5, 2.0]), CodecState())
+    >>> c.decode(enc, 4).tolist(), c.wire_bytes(4)
+    ([0.0, -3.0, 0.0, 2.0], 16)
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .base import Codec, CodecState, Encoded
+
+NONE = "none"  # the identity's name; also a strategy's, so it is compared only through this constant
+
+
+class Identity(Codec):
+    name, dense = NONE, True
+
+    def encode(self, flat: torch.Tensor, state: CodecState) -> Encoded:
+        return Encoded({"values": flat.contiguous()})
+
+    def decode(self, enc: Encoded, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return enc.parts["values"].to(dtype)
+
+    def wire_bytes(self, numel: int) -> int:
+        return 4 * numel
+
+
+class Cast(Codec):
+    """The bucket in a lower-precision dtype; no error feedback (rounding errors do not accumulate
+    against the gradient the way dropped elements do)."""
+
+    dense = True
+
+    def __init__(self, name: str, dtype: torch.dtype):
+        self.name, self.dtype = name, dtype
+
+    def encode(self, flat: torch.Tensor, state: CodecState) -> Encoded:
+        return Encoded({"values": flat.to(self.dtype)})
+
+    def decode(self, enc: Encoded, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return enc.parts["values"].to(dtype)
+
+    def wire_bytes(self, numel: int) -> int:
+        return numel * torch.finfo(self.dtype).bits // 8
+
+
+class Feedback(Codec):
+    """A lossy codec with optional error feedback; subclasses write ``_encode`` of the corrected bucket."""
+
+    def __init__(self, error_feedback: bool = True):
+        self.error_feedback = error_feedback
+
+    def encode(self, flat: torch.Tensor, state: CodecState) -> Encoded:
+        x = flat.float()
+        if self.error_feedback and state.residual is not None:
+            x = x + state.residual
+        enc = self._encode(x, state)
+        if self.error_feedback:
+            state.residual = x - self.decode(enc, x.numel())
+        state.steps += 1
+        return enc
+
+    def _encode(self, x: torch.Tensor, state: CodecState) -> Encoded:
+        raise NotImplementedError
+
+
+class Sparse(Feedback):
+    """k = ceil(ratio * numel) elements as int32 indices and float32 values; ``_pick`` chooses them."""
+
+    def __init__(self, ratio: float, error_feedback: bool = True):
+        super().__init__(error_feedback)
+        self.ratio = ratio
+
+    def k(self, numel: int) -> int:
+        return min(numel, math.ceil(self.ratio * numel))
+
+    def _encode(self, x: torch.Tensor, state: CodecState) -> Encoded:
+        idx = self._pick(x, self.k(x.numel()), state)
+        return Encoded({"indices": idx.to(torch.int32), "values": x[idx].contiguous()})
+
+    def _pick(self, x: torch.Tensor, k: int, state: CodecState) -> torch.Tensor:
+        raise NotImplementedError
+
+    def decode(self, enc: Encoded, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        values = enc.parts["values"]
+        out = torch.zeros(numel, dtype=dtype, device=values.device)
+        return out.index_put_((enc.parts["indices"].long(),), values.to(dtype), accumulate=True)
+
+    def wire_bytes(self, numel: int) -> int:
+        return 8 * self.k(numel)
+
+
+class TopK(Sparse):
+    name = "topk"
+
+    def _pick(self, x: torch.Tensor, k: int, state: CodecState) -> torch.Tensor:
+        return torch.topk(x.abs(), k, sorted=False).indices
+
+
+class RandomK(Sparse):
+    name = "randomk"
+
+    def _pick(self, x: torch.Tensor, k: int, state: CodecState) -> torch.Tensor:
+        # re-seeded from (seed, step) every step, not drawn on from step 0: a resumed run then draws
+        # what the uninterrupted one drew (CodecState.load_state_dict keeps seed and steps)
+        if state.generator is None:
+            state.generator = torch.Generator()
+        state.generator.manual_seed((state.seed * 1_000_003 + state.steps) % 2**63)
+        return torch.randperm(x.numel(), generator=state.generator)[:k].to(x.device)
+
+
+_SHIFTS = torch.arange(7, -1, -1, dtype=torch.uint8)
+
+
+class OneBit(Feedback):
+    name = "onebit"
+
+    def _encode(self, x: torch.Tensor, state: CodecState) -> Encoded:
+        n = x.numel()
+        bits = torch.zeros(math.ceil(n / 8) * 8, dtype=torch.uint8, device=x.device)
+        bits[:n] = x >= 0
+        packed = (bits.view(-1, 8) << _SHIFTS.to(x.device)).sum(1, dtype=torch.uint8)
+        return Encoded({"signs": packed, "scale": x.abs().mean().reshape(1)})
+
+    def decode(self, enc: Encoded, numel: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        packed = enc.parts["signs"]
+        bits = (packed.unsqueeze(1) >> _SHIFTS.to(packed.device)) & 1
+        signs = bits.reshape(-1)[:numel].to(dtype) * 2 - 1
+        return signs * enc.parts["scale"].to(dtype)
+
+    def wire_bytes(self, numel: int) -> int:
+        return math.ceil(numel / 8) + 4
+
+
+NAMES = (NONE, "fp16", "bf16", "topk", "randomk", "onebit")
+_RATIO = ("topk", "randomk")
+
+
+def _ratio(spec: str, text: str) -> float:
+    try:
+        r = float(text)
+    except ValueError:
+        r = float("nan")
+    if not 0 < r <= 1:
+        raise ValueError(f"codec {spec!r}: RATIO must be a number in (0, 1], e.g. topk:0.01")
+    return r
+
+
+def parse(spec: str, error_feedback: bool = True) -> Codec:
+    """The codec a ``--compress`` spec names; ValueError with a one-line message for a bad spec."""
+    name, colon, arg = spec.partition(":")
+    if name not in NAMES:
+        raise ValueError(f"unknown codec {spec!r}: choose none, fp16, bf16, topk:RATIO, randomk:RATIO or onebit")
+    if name in _RATIO:
+        if not colon:
+            raise ValueError(f"codec {spec!r} needs a ratio, e.g. {name}:0.01")
+        cls = TopK if name == "topk" else RandomK
+        return cls(_ratio(spec, arg), error_feedback)
+    if colon:
+        raise ValueError(f"codec {name} takes no argument, got {spec!r}")
+    if name == "onebit":
+        return OneBit(error_feedback)
+    if name == NONE:
+        return Identity()
+    return Cast(name, torch.float16 if name == "fp16" else torch.bfloat16)

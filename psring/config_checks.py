@@ -1,0 +1,78 @@
+"""The checks of ``config.py``'s options that need more than a bound: each returns None when the value is
+fine, else the rest of a one-line message (``options.Option.check``), or raises ``ConfigError`` for the
+checks that read several options at once (``check_ps``, ``check_compress``)."""
+from __future__ import annotations
+
+from .options import ConfigError
+
+
+def betas(v) -> str | None:
+    ok = len(v) == 2 and all(0 <= b < 1 for b in v)
+    return None if ok else f"must be two numbers in [0, 1), got {tuple(v)}"
+
+
+def curve_keys(folder: str) -> str | None:
+    from .auth import AuthError, check_dir
+
+    try:
+        check_dir(folder, "server")
+        check_dir(folder, "worker")
+    except AuthError as e:
+        return f"{folder}: {e}"
+    return None
+
+
+def compute(v: str) -> str | None:
+    mode, _, ms = v.partition(":")
+    if mode not in ("real", "emulated") or (ms and mode != "emulated"):
+        return f"must be real, emulated or emulated:MS, got {v!r}"
+    try:
+        ok = not ms or float(ms) > 0
+    except ValueError:
+        ok = False
+    return None if ok else f"emulated:MS needs a positive number of milliseconds, got {ms!r}"
+
+
+def compress_spec(v: str) -> str | None:
+    """The spec parses (``compress.codecs.parse``); which strategy takes it is ``check_compress``'s."""
+    from .compress.codecs import parse
+
+    try:
+        parse(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def check_compress(cfg) -> None:
+    """The codec's name is one the strategy takes (``Strategy.codecs``)."""
+    from . import strategies
+    from .compress.codecs import NONE
+
+    name = cfg.compress.partition(":")[0]
+    takes = strategies.get(cfg.sync).codecs
+    if name != NONE and name not in takes:
+        offer = f"takes {', '.join(takes)} or none" if takes else "takes no codec (only none)"
+        raise ConfigError(f"--compress {cfg.compress}: --sync {cfg.sync} {offer}")
+
+
+def check_ps(cfg) -> None:
+    """The servers' own rules, here before anything starts: the design/consistency/staleness combination
+    (``consistency.check_semantics``, which every server applies to its init) and the shard plan
+    (``sharding.plan_chunks``: every server owns at least one parameter element). The model is built on
+    the meta device: shapes only, no memory."""
+    import torch
+
+    from .sync.buckets import flat_layout, space_sizes
+    from .sync.ps.consistency import check_semantics
+    from .sync.ps.sharding import plan_chunks
+    from .train.models import build_model
+
+    try:
+        check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
+        with torch.device("meta"):
+            model = build_model(cfg.model, 0)
+        sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
+        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
