@@ -31,7 +31,7 @@ NONE = "none"  # the identity's name; also a strategy's, so it is compared only 
 
 
 class Identity(Codec):
-    name, dense = NONE, True
+    name, dense, dtype = NONE, True, torch.float32
 
     def encode(self, flat: torch.Tensor, state: CodecState) -> Encoded:
         return Encoded({"values": flat.contiguous()})
