@@ -34,11 +34,11 @@ def compute(v: str) -> str | None:
 
 
 def compress_spec(v: str) -> str | None:
-    """The spec parses (``compress.codecs.parse``); which strategy takes it is ``check_compress``'s."""
-    from .compress.codecs import parse
+    """The spec parses (``compress.codecs.check_spec``); which strategy takes it is ``check_compress``'s."""
+    from .compress.codecs import check_spec
 
     try:
-        parse(v)
+        check_spec(v)
     except ValueError as e:
         return str(e)
     return None

@@ -29,7 +29,8 @@ class Strategy:
     it reads beyond the common ones; an option of another strategy's section left off its default is
     refused. ``reducer``: for the "reduce, then local optimizer" family (``sync.reducer.ReduceSync``),
     ``reducer(process_group_info) -> Reducer``; ``build`` wraps it, and ``psring bench`` times it
-    against a flat ``dist.all_reduce``."""
+    against a flat ``dist.all_reduce``. ``codecs``: the ``--compress`` codec names (``compress.codecs``)
+    it takes besides ``none``."""
 
     name: str
     help: str
@@ -46,6 +47,7 @@ class Strategy:
     deferrable: bool = True
     options: tuple[str, ...] = ()
     reducer: Callable | None = None
+    codecs: tuple[str, ...] = ()
 
 
 def _env():
@@ -87,14 +89,26 @@ def _ring_reducer(pg):
 
 
 def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
-    """``build`` of a strategy of the reducer family: its reducer on this process's group, in ReduceSync."""
-    return lambda cfg: _reduce(cfg, REGISTRY[name].reducer(_group(cfg)))
+    """``build`` of a strategy of the reducer family: its reducer on this process's group, in ReduceSync;
+    with ``--compress``, wrapped by the codec (``sync.compressed``)."""
+    def build(cfg: TrainConfig) -> Synchronizer:
+        pg = _group(cfg)
+        reducer = REGISTRY[name].reducer(pg)
+        if cfg.compress != "none":
+            from .sync.compressed import CompressedReducer
+
+            reducer = CompressedReducer(reducer, pg, cfg.compress, cfg.error_feedback)
+        return _reduce(cfg, reducer)
+    return build
+
+
+REDUCER_CODECS = ("fp16", "bf16", "topk", "randomk", "onebit")
 
 
 def _ddp(cfg: TrainConfig) -> Synchronizer:
     from .sync.ddp import DDPSync
 
-    return DDPSync(_group(cfg), cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb)
+    return DDPSync(_group(cfg), cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, compress=cfg.compress)
 
 
 def _ps(cfg: TrainConfig) -> Synchronizer:
@@ -113,12 +127,13 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              servers=True, cost_model="ps", bench_raw="raw_zmq_echo", bucket_mb=4.0, options=("ps",)),
     Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
              "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
-             bench_raw="raw_allreduce", reducer=_torch_allreduce),
+             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=REDUCER_CODECS),
     Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
              "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
-             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer),
+             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCER_CODECS),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
-             process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False),
+             process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False,
+             codecs=("fp16", "bf16", "powersgd")),
     Strategy("none", "no communication: each worker trains alone (N=1: the baseline of every speedup)",
              "no communication", "tab:gray", _none, baseline=True),
 )}

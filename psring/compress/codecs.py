@@ -168,7 +168,8 @@ def parse(spec: str, error_feedback: bool = True) -> Codec:
     """The codec a ``--compress`` spec names; ValueError with a one-line message for a bad spec."""
     name, colon, arg = spec.partition(":")
     if name not in NAMES:
-        raise ValueError(f"unknown codec {spec!r}: choose none, fp16, bf16, topk:RATIO, randomk:RATIO or onebit")
+        raise ValueError(f"unknown codec {spec!r}: choose none, fp16, bf16, topk:RATIO, randomk:RATIO, onebit "
+                         f"or (ddp) powersgd:RANK")
     if name in _RATIO:
         if not colon:
             raise ValueError(f"codec {spec!r} needs a ratio, e.g. {name}:0.01")
@@ -181,3 +182,30 @@ def parse(spec: str, error_feedback: bool = True) -> Codec:
     if name == NONE:
         return Identity()
     return Cast(name, torch.float16 if name == "fp16" else torch.bfloat16)
+
+
+# PowerSGD (Vogels et al., NeurIPS 2019) is not a Codec: it compresses a whole bucket of matrices with
+# two all-reduces and warm-started state, which torch ships as a DDP comm hook (``sync/ddp.py`` uses
+# it as is). Its spec is checked here so that config validates every ``--compress`` in one place.
+POWERSGD = "powersgd"
+
+
+def powersgd_rank(spec: str) -> int:
+    """``powersgd:RANK`` -> RANK (an integer >= 1); a one-line ValueError otherwise."""
+    _, _, rank = spec.partition(":")
+    try:
+        r = int(rank)
+    except ValueError:
+        r = 0
+    if r < 1:
+        raise ValueError(f"--compress {spec!r}: PowerSGD needs an integer rank >= 1, e.g. powersgd:1 or "
+                         "powersgd:4")
+    return r
+
+
+def check_spec(spec: str) -> None:
+    """ValueError (one line) unless ``spec`` is a codec ``parse`` knows or ``powersgd:RANK``."""
+    if spec.partition(":")[0] == POWERSGD:
+        powersgd_rank(spec)
+    else:
+        parse(spec)

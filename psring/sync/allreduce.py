@@ -38,3 +38,8 @@ class TorchAllReduce(Reducer):
     def wire_bytes(self, bucket: Bucket) -> tuple[int, int]:
         n = ring_bytes_per_worker(bucket.nbytes, self.world)
         return n, n
+
+    def step_bytes(self, buckets: list[Bucket]) -> tuple[int, int]:
+        """2(N-1)/N of the step's M bytes, taken of M at once (per bucket, the rounding would add up)."""
+        n = ring_bytes_per_worker(sum(b.nbytes for b in buckets), self.world)
+        return n, n

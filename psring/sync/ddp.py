@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from ..compress.codecs import NONE, POWERSGD, powersgd_rank
 from ..config import OptimConfig
 from .allreduce import ring_bytes_per_worker
 from .base import Synchronizer, SyncStats, grad_bytes, make_local_optimizer, timed_update
@@ -76,19 +77,6 @@ def in_bucket_order(hook):
     return ordered_hook
 
 
-def parse_powersgd_rank(spec: str) -> int:
-    """``powersgd:RANK`` -> RANK (an integer >= 1); a one-line ValueError otherwise."""
-    _, _, rank = spec.partition(":")
-    try:
-        r = int(rank)
-    except ValueError:
-        r = 0
-    if r < 1:
-        raise ValueError(f"--compress {spec!r}: PowerSGD needs an integer rank >= 1, e.g. powersgd:1 or "
-                         "powersgd:4")
-    return r
-
-
 def powersgd_elements(model: nn.Module, rank: int, min_rate: float = MIN_COMPRESSION_RATE) -> int:
     """Elements a worker all-reduces per step once PowerSGD compresses (``powerSGD_hook``, per bucket):
     each gradient is viewed as a matrix n x m (n = shape[0], m = numel / n; a bias is n x 1); with
@@ -112,13 +100,13 @@ class DDPSync(Synchronizer):
     name = "ddp"
 
     def __init__(self, pg: ProcessGroupInfo, optim: OptimConfig, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, compress: str = "none"):
+                 first_bucket_mb: float = 1.0, compress: str = NONE):
         super().__init__(pg.rank, pg.world, pg.device)
         self.pg, self.optim_cfg = pg, optim
         self.caps_mb = [first_bucket_mb, bucket_mb]
         self.compress = compress
-        self.powersgd_rank = parse_powersgd_rank(compress) if compress.startswith("powersgd") else None
-        if compress not in ("none", *HALF_HOOKS) and self.powersgd_rank is None:
+        self.powersgd_rank = powersgd_rank(compress) if compress.partition(":")[0] == POWERSGD else None
+        if compress not in (NONE, *HALF_HOOKS) and self.powersgd_rank is None:
             raise ValueError(f"--compress {compress!r}: ddp takes none, fp16, bf16 or powersgd:RANK")
         self.powersgd_state: powerSGD_hook.PowerSGDState | None = None
 

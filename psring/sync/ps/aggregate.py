@@ -61,6 +61,7 @@ class PSAggregate(Reducer):
             for b, t in zip(mine, vals):
                 session.load_params(t, b, alias=False)  # the local optimizer writes the parameters
         self.tr.step = start
+        self.tr.new_step()  # the init and the start pull are not step 0's bytes
         self.done: set[int] = set()
 
     def launch(self, bucket: Bucket) -> Handle:

@@ -76,6 +76,7 @@ class PSSync(Synchronizer):
             for b, t in zip(mine, vals):
                 session.load_params(t, b, alias=True)
         self.tr.step = start
+        self.tr.new_step()  # the init and the start pull are not step 0's bytes
         self.deferred: list[Bucket] = []
         return model
 
