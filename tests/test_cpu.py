@@ -118,7 +118,7 @@ def test_speedup_figure_draws_saturated_runs_hollow():
     fig = figure_speedup(runs_table([False, False, None, True]))
     speed_ax, sync_ax = fig.axes[:2]
     assert hollow_points(fig) == [((4,), (2.5,), "tab:blue"), ((4,), (40.0,), "tab:blue")]
-    filled = next(ln for ln in speed_ax.lines if ln.get_label() == "allreduce (measured)")
+    filled = next(ln for ln in speed_ax.lines if ln.get_label() == "all-reduce (measured)")
     assert filled.get_markevery() == [True, True, False]  # no filled marker under the hollow one
     assert legend_texts(fig).count(HOLLOW_NOTE) == 1
 
