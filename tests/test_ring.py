@@ -77,7 +77,7 @@ def _init(rank: int, world: int, store: str):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     ring = RingAllReduce(ProcessGroupInfo(rank, world, rank, torch.device("cpu"), "gloo", None))
-    ring.comm = CommThread(GLOO_TIMEOUT_S)
+    ring.use_comm(CommThread(GLOO_TIMEOUT_S))
     return dist, ring
 
 
@@ -182,7 +182,7 @@ def test_single_worker_is_a_no_op():
     from psring.sync.ring import RingAllReduce
 
     ring = RingAllReduce(ProcessGroupInfo(0, 1, 0, torch.device("cpu"), "gloo", None))
-    ring.comm = CommThread(5)
+    ring.use_comm(CommThread(5))
     try:
         b = _bucket(0, 10, 0)
         before = b.flat.clone()

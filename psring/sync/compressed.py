@@ -50,7 +50,6 @@ class CompressedReducer(Reducer):
     """``inner`` (a reducer of the all-reduce family) with the codec ``spec`` on every bucket."""
 
     def __init__(self, inner: Reducer, pg: ProcessGroupInfo, spec: str, error_feedback: bool = True):
-        self._comm = None
         super().__init__(inner.rank, inner.world, inner.device)
         self.inner, self.pg, self.spec = inner, pg, spec
         self.codec = parse(spec, error_feedback)
@@ -60,16 +59,11 @@ class CompressedReducer(Reducer):
         self.states: dict[int, CodecState] = {}
         self.shadows: dict[int, Bucket] = {}
 
-    @property
-    def comm(self) -> CommThread | None:
-        return self._comm
-
-    @comm.setter
-    def comm(self, thread: CommThread | None) -> None:
+    def use_comm(self, thread: CommThread | None) -> None:
         # ReduceSync gives the wrapper its one CommThread; an inner reducer that uses one shares it
-        self._comm = thread
-        if getattr(self, "inner", None) is not None and self.inner.uses_thread:
-            self.inner.comm = thread
+        super().use_comm(thread)
+        if self.inner.uses_thread:
+            self.inner.use_comm(thread)
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int):
         return self.inner.ranges(layout, cap_bytes, first_cap_bytes)

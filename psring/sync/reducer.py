@@ -110,8 +110,12 @@ class Reducer(ABC):
 
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
-        self.comm: CommThread | None = None  # set by ``ReduceSync`` when ``uses_thread``
+        self.comm: CommThread | None = None  # set by ``ReduceSync`` (``use_comm``) when ``uses_thread``
         self.resume: tuple[dict, int] | None = None  # set by ``ReduceSync`` before ``attach`` when resuming
+
+    def use_comm(self, thread: CommThread | None) -> None:
+        """Run on ``thread`` (None: it was closed). A reducer that wraps another hands it on."""
+        self.comm = thread
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
         """How to cut the flat gradient buffers into buckets: by default DDP's (whole parameters)."""
@@ -163,7 +167,7 @@ class ReduceSync(Synchronizer):
         self.name = reducer.name
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         if reducer.uses_thread:
-            reducer.comm = CommThread(timeout_s)
+            reducer.use_comm(CommThread(timeout_s))
 
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())
@@ -216,5 +220,5 @@ class ReduceSync(Synchronizer):
     def close(self) -> None:
         if self.reducer.comm is not None:
             self.reducer.comm.close()
-            self.reducer.comm = None
+            self.reducer.use_comm(None)
         self.reducer.close()

@@ -21,9 +21,8 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .optimizers import optim_header
 from .sharding import default_window
-from .transport import ChunkTransport, chunk_ranges
+from .transport import chunk_ranges
 
 
 class _ChunkHandle(Handle):
@@ -39,10 +38,12 @@ class PSAggregate(Reducer):
     wait_phase = "wait_s"
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
-                 timeout_s: float, frame_bytes: int | None, semantics: Semantics, curve: str | None = None,
+                 timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None):
         super().__init__(rank, world, device)
-        self.addrs, self.optim_cfg, self.timeout_s, self.frame_bytes = addrs, optim, timeout_s, frame_bytes
+        session.check_addrs(addrs)
+        self.addrs, self.optim_cfg, self.timeout_s = addrs, optim, timeout_s
+        self.frame_bytes = session.frame_bytes(frame_kb)
         self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
         self.client: PSClient | None = None
@@ -52,16 +53,10 @@ class PSAggregate(Reducer):
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
         self.layout = flat_layout(model.named_parameters())
-        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
-        self.tr = ChunkTransport(self.client, buckets, len(self.addrs), self.device, self.window)
-        start, opt_state = session.resume_point(self.resume, self.rank, True, True)
-        init = {"optim": optim_header(self.optim_cfg), **self.semantics.header()}
-        values = session.start(self.client, self.rank, self.layout, self.tr.chunks, init, start, opt_state)
-        for mine, vals in zip(self.tr.chunks, values):
-            for b, t in zip(mine, vals):
-                session.load_params(t, b, alias=False)  # the local optimizer writes the parameters
-        self.tr.step = start
-        self.tr.new_step()  # the init and the start pull are not step 0's bytes
+        self.client, self.tr = session.open_worker(
+            self.layout, buckets, rank=self.rank, device=self.device, addrs=self.addrs, timeout_s=self.timeout_s,
+            frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
+            semantics=self.semantics, resume=self.resume)
         self.done: set[int] = set()
 
     def launch(self, bucket: Bucket) -> Handle:

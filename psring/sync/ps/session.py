@@ -14,8 +14,10 @@ import torch
 
 from ..buckets import Bucket, Space
 from .client import PSClient
+from .consistency import Semantics
+from .optimizers import optim_header
 from .received import Received
-from .transport import chunk_key
+from .transport import ChunkTransport, chunk_key
 
 
 def resume_point(resume: tuple[dict, int] | None, rank: int, aggregate: bool,
@@ -75,6 +77,35 @@ def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bu
                                f"{[chunk_key(b) for b in chunks[s]][:3]}... (another run's server?)")
         out.append([t for _, t in named])
     return out
+
+
+def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device: torch.device, addrs: list[str],
+                timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
+                semantics: Semantics, resume: tuple[dict, int] | None) -> tuple[PSClient, ChunkTransport]:
+    """Both designs' ``attach``: connect, init the servers (rank 0), start every worker from their copy of
+    the start version (a view of the reply where the servers run the optimizer, a copy where the local
+    optimizer writes the parameters), and a transport at that step whose byte counts begin after it."""
+    aggregate = semantics.design == "aggregate"
+    client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
+    tr = ChunkTransport(client, buckets, len(addrs), device, window)
+    start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
+    init = {"optim": optim_header(optim), **semantics.header()}
+    for mine, vals in zip(tr.chunks, start(client, rank, layout, tr.chunks, init, start_step, opt_state)):
+        for b, t in zip(mine, vals):
+            load_params(t, b, alias=not aggregate)
+    tr.step = start_step
+    tr.new_step()  # the init and the start pull are not step 0's bytes
+    return client, tr
+
+
+def frame_bytes(frame_kb: int) -> int | None:
+    """``--frame-kb`` as the client's largest frame: None for 0 (one frame per tensor)."""
+    return frame_kb * 1024 if frame_kb > 0 else None
+
+
+def check_addrs(addrs: list[str]) -> None:
+    if not addrs:
+        raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
 
 
 def servers_state(client: PSClient, layout: list[Space], buckets: list[Bucket]) -> dict:

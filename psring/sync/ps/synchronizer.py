@@ -34,9 +34,8 @@ from ..buckets import Bucket, GradBuckets, flat_layout
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .optimizers import optim_header
 from .sharding import default_window
-from .transport import ChunkTransport, chunk_ranges
+from .transport import chunk_ranges
 
 
 class PSSync(Synchronizer):
@@ -53,12 +52,11 @@ class PSSync(Synchronizer):
         ``window``: the most pushpulls of this worker unanswered at one server; 0: no limit; None:
         ``sharding.default_window`` (no limit where the links are unknown)."""
         super().__init__(rank, world, device)
-        if not addrs:
-            raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
+        session.check_addrs(addrs)
         self.semantics = check_semantics("server-optimizer", consistency, staleness)
         self.addrs, self.optim_cfg, self.timeout_s, self.overlap, self.curve = addrs, optim, timeout_s, overlap, curve
         self.cap = int(bucket_mb * 2**20)
-        self.frame_bytes = frame_kb * 1024 if frame_kb > 0 else None
+        self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
         self.links_Bps = links_Bps
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
@@ -67,16 +65,10 @@ class PSSync(Synchronizer):
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
         ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap)
         self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device)
-        self.client = PSClient(self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve)
-        self.tr = ChunkTransport(self.client, self.buckets.buckets, len(self.addrs), self.device, self.window)
-        start, opt_state = session.resume_point(self.resume, self.rank, False, self.semantics.consistency == "bsp")
-        init = {"optim": optim_header(self.optim_cfg), **self.semantics.header()}
-        values = session.start(self.client, self.rank, self.layout, self.tr.chunks, init, start, opt_state)
-        for mine, vals in zip(self.tr.chunks, values):
-            for b, t in zip(mine, vals):
-                session.load_params(t, b, alias=True)
-        self.tr.step = start
-        self.tr.new_step()  # the init and the start pull are not step 0's bytes
+        self.client, self.tr = session.open_worker(
+            self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
+            timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
+            optim=self.optim_cfg, semantics=self.semantics, resume=self.resume)
         self.deferred: list[Bucket] = []
         return model
 
@@ -156,11 +148,8 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
                       staleness, curve, window, links_Bps)
-    if not addrs:
-        raise ValueError("--sync ps needs server addresses (--ps-addrs), or start it with `psring train`")
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
-    reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb * 1024 if frame_kb > 0 else None,
-                          semantics, curve, window, links_Bps)
+    reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)
