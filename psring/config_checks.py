@@ -47,13 +47,18 @@ def compress_spec(v: str) -> str | None:
 def check_compress(cfg) -> None:
     """The codec's name is one the strategy takes (``Strategy.codecs``)."""
     from . import strategies
-    from .compress.codecs import NONE, POWERSGD
+    from .compress.codecs import NONE, POWERSGD, parse
 
     name = cfg.compress.partition(":")[0]
     takes = strategies.get(cfg.sync).codecs
     if name != NONE and name not in takes:
         offer = f"takes {', '.join(takes)} or none" if takes else "takes no codec (only none)"
         raise ConfigError(f"--compress {cfg.compress}: --sync {cfg.sync} {offer}")
+    if strategies.uses_servers(cfg.sync) and parse(cfg.compress, cfg.error_feedback).error_feedback and \
+            (cfg.checkpoint_every or cfg.resume):
+        raise ConfigError(f"--compress {cfg.compress}: checkpoints of --sync {cfg.sync} with error feedback are not "
+                          f"supported (each worker's residuals stay on it); add --no-error-feedback, or drop "
+                          f"--checkpoint-every/--resume")
     if name == POWERSGD and (cfg.checkpoint_every or cfg.resume):  # before anything starts, not at step K
         raise ConfigError(f"--compress {cfg.compress}: checkpoints are not supported (torch's PowerSGD state "
                           f"cannot be restored exactly); drop --checkpoint-every/--resume or use fp16/bf16")

@@ -102,7 +102,8 @@ def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
     return build
 
 
-REDUCER_CODECS = ("fp16", "bf16", "topk", "randomk", "onebit")
+CODECS = (  # the codecs of compress.codecs.parse (PowerSGD is ddp's alone)
+    "fp16", "bf16", "topk", "randomk", "onebit")
 
 
 def _ddp(cfg: TrainConfig) -> Synchronizer:
@@ -119,18 +120,20 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
     return make_ps(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
                    cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                    curve=cfg.curve, window=cfg.ps_window,
-                   links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate))
+                   links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate),
+                   compress=cfg.compress, error_feedback=cfg.error_feedback)
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("ps", "parameter servers: push gradients, pull parameters (ZeroMQ)", "ps", "tab:red", _ps,
-             servers=True, cost_model="ps", bench_raw="raw_zmq_echo", bucket_mb=4.0, options=("ps",)),
+             servers=True, cost_model="ps", bench_raw="raw_zmq_echo", bucket_mb=4.0, options=("ps",),
+             codecs=CODECS),
     Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
              "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
-             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=REDUCER_CODECS),
+             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=CODECS),
     Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
              "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
-             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCER_CODECS),
+             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=CODECS),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False,
              codecs=("fp16", "bf16", "powersgd")),

@@ -110,9 +110,9 @@ def test_topk_with_error_feedback_resumes_bit_for_bit(psring, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
-def test_sparse_codec_on_ps_is_refused_in_one_line(psring, tmp_path):
-    r = psring.run(*train_args(tmp_path / "run", "ps", "topk:0.1"))
-    assert r.returncode == 2 and "--sync ps" in r.stderr and "--compress topk:0.1" in r.stderr, r.stderr
+def test_powersgd_on_the_ring_is_refused_in_one_line(psring, tmp_path):
+    r = psring.run(*train_args(tmp_path / "run", "ring", "powersgd:1"))
+    assert r.returncode == 2 and "--sync ring" in r.stderr and "--compress powersgd:1" in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) <= 2, r.stderr  # the output folder's line, then the error
 
 

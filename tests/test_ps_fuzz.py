@@ -20,6 +20,10 @@ Asserted: every sent request gets exactly one reply, each ``ok: false``; the ser
 the number sent; its per-step record counts them in step 0 (all came before that step completed) and a
 partial record counts those after the last step; the server thread lives on, a normal BSP step gives
 exactly the hand-computed parameters, and ``done`` from both workers ends ``serve()`` with 0.
+
+The same again with a server whose init named a codec (``--compress topk:0.5``): the valid requests are
+then encoded pushes (``KEY/indices``, ``KEY/values``; ``encoded``), the mutations reach their parts'
+names, dtypes, shapes and frames, and a semantic mutation also moves an index out of range.
 """
 from __future__ import annotations
 
@@ -36,7 +40,9 @@ import zmq
 from conftest import serving
 
 from psring.sync.ps import protocol as P
+from psring.compress import CodecState, parse
 from psring.sync.ps.client import PSClient, PSError
+from psring.sync.ps.encoded import encode_push
 from psring.sync.ps.server import ParameterServer
 from psring.sync.ps.store import ShardStore
 
@@ -89,7 +95,15 @@ def rand_value(rng: random.Random, depth: int = 0):
     return {rng.randint(-2, 2): rand_value(rng, depth + 1)}  # int map keys: strict_map_key refuses
 
 
-def valid(rng: random.Random, req: int) -> tuple[dict, list]:
+def pushed(named: list, codec: str | None) -> list:
+    """A push's tensors: as they are, or each key's encoding with ``codec``."""
+    if codec is None:
+        return named
+    c = parse(codec)
+    return [part for k, t in named for part in encode_push(c, k, t.reshape(-1), CodecState())]
+
+
+def valid(rng: random.Random, req: int, codec: str | None = None) -> tuple[dict, list]:
     """(header, named) of a valid request of a random op, as a PSClient would send it."""
     op = rng.choice(["push", "pushpull", "push", "pushpull", "pull", "init", "state", "done"])
     header = {"protocol": P.PROTOCOL, "req": req, "worker": rng.randrange(2), "op": op}
@@ -97,7 +111,7 @@ def valid(rng: random.Random, req: int) -> tuple[dict, list]:
     if op in ("push", "pushpull"):
         header["step"] = 0
         keys = rng.sample(list(SHAPES), rng.randint(1, 3))
-        named = [(k, torch.randn(SHAPES[k])) for k in keys]
+        named = pushed([(k, torch.randn(SHAPES[k])) for k in keys], codec)
     elif op == "init":
         header["optim"] = OPTIM
         named = [(k, t.clone()) for k, t in INIT]
@@ -113,8 +127,14 @@ def encode(header: dict, named: list) -> tuple[dict, list]:
 
 def semantic(rng: random.Random, header: dict, named: list) -> list:
     """A mutation that keeps the request decodable but wrong for the shard (or, by chance, right)."""
-    what = rng.randrange(8)
-    if what == 0:
+    what = rng.randrange(9)
+    idx = [i for i, (k, _) in enumerate(named) if k.endswith("/indices")]
+    if what == 8 and idx:  # an encoded push's index out of range
+        i = rng.choice(idx)
+        t = named[i][1].clone()
+        t[rng.randrange(t.numel())] = rng.choice([-1, 600, 2**31 - 1, -2**31])
+        named[i] = (named[i][0], t)
+    elif what == 0:
         header["step"] = rng.choice([1, -1, 2, 2**53, 2**63 - 1])
     elif what == 1:
         header["worker"] = rng.choice([2, -1, 99, 2**40])
@@ -294,12 +314,12 @@ def send_batches(addr: str, batches: list[list[list[bytes]]], seed: int) -> tupl
     return errors, oks
 
 
-def make_candidates(rng: random.Random, count: int) -> tuple[list[list[bytes]], int]:
+def make_candidates(rng: random.Random, count: int, codec: str | None = None) -> tuple[list[list[bytes]], int]:
     scratch = ShardStore(2)
-    scratch.init(INIT, OPTIM)
+    scratch.init(INIT, OPTIM, **({"codec": codec} if codec else {}))
     sent, skipped = [], 0
     while len(sent) < count:
-        header, named = valid(rng, rng.randrange(1 << 20))
+        header, named = valid(rng, rng.randrange(1 << 20), codec)
         msg = mutate(rng, header, named)
         if must_be_refused(msg, scratch):
             sent.append(msg)
@@ -308,14 +328,15 @@ def make_candidates(rng: random.Random, count: int) -> tuple[list[list[bytes]], 
     return sent, skipped
 
 
-def test_fuzzed_requests_are_all_refused_and_change_nothing(fuzz_server):
+@pytest.mark.parametrize("codec,messages", [(None, MESSAGES), ("topk:0.5", MESSAGES // 2)])
+def test_fuzzed_requests_are_all_refused_and_change_nothing(fuzz_server, codec, messages):
     srv, seed = fuzz_server, SEED
     t0 = time.perf_counter()
     c0, c1 = PSClient([srv.address], 0, 10, FRAME), PSClient([srv.address], 1, 10, FRAME)
     try:
-        c0.call(0, {"op": "init", "optim": OPTIM}, INIT)
+        c0.call(0, {"op": "init", "optim": OPTIM, **({"codec": codec} if codec else {})}, INIT)
         rng = random.Random(seed)
-        msgs, skipped = make_candidates(rng, MESSAGES)
+        msgs, skipped = make_candidates(rng, messages, codec)
         batches = [msgs[i:i + BATCH * SOCKETS] for i in range(0, len(msgs), BATCH * SOCKETS)]
         errors, oks = send_batches(srv.address, batches, seed)
         assert srv.thread.is_alive(), f"server died (seed {seed})"
@@ -327,8 +348,12 @@ def test_fuzzed_requests_are_all_refused_and_change_nothing(fuzz_server):
         # a normal BSP step: exact, as if nothing had happened
         g = [[(k, torch.randn(SHAPES[k], generator=torch.Generator().manual_seed(10 * w + i)))
               for i, k in enumerate(SHAPES)] for w in (0, 1)]
-        reqs = [(c, c.send(0, {"op": "push", "step": 0}, gw), c.send(0, {"op": "pull", "version": 1}))
+        reqs = [(c, c.send(0, {"op": "push", "step": 0}, pushed(gw, codec)), c.send(0, {"op": "pull", "version": 1}))
                 for c, gw in ((c0, g[0]), (c1, g[1]))]
+        if codec:  # what the server sums is what the encodings stand for
+            c = parse(codec)
+            g = [[(k, c.decode(c.encode(t.reshape(-1), CodecState()), t.numel()).view(t.shape)) for k, t in gw]
+                 for gw in g]
         expected = {k: p.clone().add_(torch.zeros_like(p).add_(a).add_(b).div_(2), alpha=-OPTIM["lr"])
                     for (k, p), (_, a), (_, b) in zip(INIT, g[0], g[1])}
         for c, push, pull in reqs:
@@ -338,7 +363,7 @@ def test_fuzzed_requests_are_all_refused_and_change_nothing(fuzz_server):
             assert header["version"] == 1 and got.keys() == expected.keys()
             assert all(torch.equal(got[k], expected[k]) for k in expected), f"wrong parameters (seed {seed})"
 
-        late, _ = make_candidates(random.Random(seed + 1), 10)  # rejections after the last step
+        late, _ = make_candidates(random.Random(seed + 1), 10, codec)  # rejections after the last step
         assert send_batches(srv.address, [late], seed) == (10, 0)
         c0.call(0, {"op": "done"})
         c1.call(0, {"op": "done"})
@@ -350,7 +375,7 @@ def test_fuzzed_requests_are_all_refused_and_change_nothing(fuzz_server):
     recs = [json.loads(line) for line in Path(srv.metrics_path).read_text().splitlines()]
     assert [(r["step"], r["errors"], r.get("partial", False)) for r in recs] == \
         [(0, len(msgs), False), (1, 10, True)], f"metrics records (seed {seed})"
-    print(f"fuzz seed {seed}: {len(msgs)} sent ({skipped} valid candidates skipped), {srv.errors} errors "
+    print(f"fuzz seed {seed} codec {codec}: {len(msgs)} sent ({skipped} valid candidates skipped), {srv.errors} errors "
           f"counted, {fuzz_s:.1f} s for the fuzz, {time.perf_counter() - t0:.1f} s in all")
 
 

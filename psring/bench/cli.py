@@ -36,7 +36,8 @@ def default_benched() -> list[str]:
 
 BENCH_DEFAULTS = {"workers": 2, "strategies": ",".join(default_benched()), "min_size": "4K",
                   "max_size": "128M", "factor": 4, "sizes": None, "warmup": 5, "iters": 20, "chunk": "1M",
-                  "out": "results/bench", "model": None, "floor": False, "force": False}
+                  "out": "results/bench", "model": None, "floor": False, "force": False,
+                  "compress": "none"}
 
 
 def bench_settings(a) -> dict:
@@ -80,10 +81,26 @@ def cmd_bench(a) -> int:
         raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
     if b["model"] is not None and b["model"] not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
+    check_bench_codec(str(b["compress"]), strategies)
     run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
-              floor=bool(b["floor"]), force=bool(b["force"]))
+              floor=bool(b["floor"]), force=bool(b["force"]), compress=str(b["compress"]))
     return 0
 
+
+
+def check_bench_codec(spec: str, strategies: list[str]) -> None:
+    """``--compress`` names a codec every benched strategy takes (``Strategy.codecs``), in one line."""
+    from ..compress.codecs import NONE, check_spec
+
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    name = spec.partition(":")[0]
+    refusing = [n for n in strategies if name != NONE and name not in REGISTRY[n].codecs]
+    if refusing:
+        raise ConfigError(f"--compress {spec}: {', '.join(refusing)} cannot bench it "
+                          f"(they take {', '.join(REGISTRY[refusing[0]].codecs) or 'no codec'})")
 
 
 def add_bench_parser(sub) -> None:
@@ -105,6 +122,9 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--model", help="bench this model's gradient set (its real tensors) instead of sizes")
     b.add_argument("--floor", action="store_const", const=True,
                    help="ps: also time echo servers that run the SGD update (raw_zmq_echo_sgd), the PS's floor")
+    b.add_argument("--compress", metavar="CODEC",
+                   help="time the strategies with this gradient codec (fp16, bf16, topk:R, randomk:R, onebit); "
+                        "the raw transports stay dense: the ratio is what the codec saves over them")
     b.add_argument("--force", action="store_const", const=True,
                    help="start even if the measured memory footprint says this machine cannot hold it")
     b.set_defaults(func=cmd_bench)

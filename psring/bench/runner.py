@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..compress.codecs import NONE
 from ..launch.children import Children
 from ..launch.launcher import LaunchError, check_alive, child_env, free_port
 from ..launch.resources import check_bench, model_bytes
@@ -94,7 +95,9 @@ def format_table(df: pd.DataFrame) -> str:
     for r in df.sort_values(["size_bytes", "strategy", "servers"]).to_dict("records"):
         s = "-" if pd.isna(r["servers"]) else int(r["servers"])
         eff = "" if pd.isna(r["efficiency"]) else f"{r['efficiency']:.2f}"
-        lines.append(f"{r['strategy']:<18}{r['workers']:>3}{s:>3}{r['size_bytes']:>12,d}{r['time_s'] * 1e3:>11.3f}"
+        codec = r.get("compress")
+        name = r["strategy"] + (f"+{codec}" if isinstance(codec, str) and codec != NONE else "")
+        lines.append(f"{name:<18}{r['workers']:>3}{s:>3}{r['size_bytes']:>12,d}{r['time_s'] * 1e3:>11.3f}"
                      f"{r['algbw_GBps']:>12.3f}{r['busbw_GBps']:>12.3f}{eff:>12}")
     return "\n".join(lines)
 
@@ -102,12 +105,13 @@ def format_table(df: pd.DataFrame) -> str:
 def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, warmup: int = 5, iters: int = 20,
               chunk_bytes: int | list[int] = 1 << 20, timeout_s: float = 1800, model: str | None = None,
               servers: list[int] | None = None, bucket_mb: float = 25.0, floor: bool = False,
-              force: bool = False) -> pd.DataFrame:
+              force: bool = False, compress: str = "none") -> pd.DataFrame:
     """``model``: bench that model's gradient set (its real tensor shapes) instead of each size;
     ``chunk_bytes``: a list means the raw echo is timed at each and the fastest is kept; ``floor``: ps
     also times ``raw_zmq_echo_sgd``, echo servers that run the SGD update too (``bench.echo``): the
     transport plus the update with none of psring's logic, the PS's floor on this machine. ``force``:
-    start even what the memory check (``launch.resources``) says this machine cannot hold."""
+    start even what the memory check (``launch.resources``) says this machine cannot hold. ``compress``:
+    the strategies' gradient codec (bench.csv's ``compress`` column; raw transports stay dense)."""
     groups = []
     for name in (n for n in benchable() if n in strategies):  # those without servers first, then per S
         groups += ([{"strategy": name, "servers": s} for s in (servers or sorted({1, workers}))]
@@ -121,7 +125,8 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
         print(f"== {g['strategy']}" + (f" S={g['servers']}" if uses_servers(g["strategy"]) else "")
               + f", N={workers}", flush=True)
         spec = {**g, "sizes": [0] if model else sizes, "model": model, "warmup": warmup, "iters": iters, "chunk_bytes": chunk_bytes,
-                "out": str(out_dir), "timeout_s": min(timeout_s, 300), "bucket_mb": bucket_mb, "floor": floor}
+                "out": str(out_dir), "timeout_s": min(timeout_s, 300), "bucket_mb": bucket_mb, "floor": floor,
+                "compress": compress}
         frames.append(add_efficiency(pd.DataFrame(run_group(spec, out_dir, workers, timeout_s))))
     df = pd.concat(frames, ignore_index=True)
     df.to_csv(out_dir / "bench.csv", index=False)

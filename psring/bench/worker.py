@@ -26,6 +26,8 @@ from ..launch.launcher import start_listeners
 from ..strategies import get
 from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
+from ..compress.codecs import NONE
+from ..sync.compressed import CompressedReducer
 from ..sync.reducer import ReduceSync
 from ..train.models import build_model
 from .cli import FLOOR_OF
@@ -115,8 +117,9 @@ def shared_addrs(rank: int, make, path: Path) -> list[str]:
     return json.loads(path.read_text())
 
 
-def row(strategy: str, world: int, servers, size: int, times: list[float]) -> dict:
-    """A bench.csv row; ``servers`` None: an all-reduce (a reducer's or the raw one), else S servers."""
+def row(strategy: str, world: int, servers, size: int, times: list[float], compress: str = "none") -> dict:
+    """A bench.csv row; ``servers`` None: an all-reduce (a reducer's or the raw one), else S servers;
+    ``compress``: the strategy's codec (``size`` stays the dense gradients' bytes)."""
     t = statistics.median(times)
     algbw = size / t / 1e9
     if servers is None:
@@ -125,21 +128,24 @@ def row(strategy: str, world: int, servers, size: int, times: list[float]) -> di
         factor = max(1.0, world / servers)  # PS: the busiest link carries max(M, N*M/S) each way
     return {"strategy": strategy, "workers": world, "servers": servers, "size_bytes": size, "time_s": t,
             "time_p90": sorted(times)[int(0.9 * (len(times) - 1))], "algbw_GBps": algbw,
-            "busbw_GBps": algbw * factor, "iters": len(times)}
+            "busbw_GBps": algbw * factor, "iters": len(times), "compress": compress}
 
 
 def bench_reducer(entry, pg, model, nbytes: int, spec: dict) -> list[dict]:
     """(raw all-reduce row, the reducer's row) for one size: ReduceSync over the entry's reducer against one
     flat ``dist.all_reduce`` of the same bytes, interleaved."""
     flat = torch.randn(nbytes // 4)
-    sync = ReduceSync(entry.reducer(pg), OptimConfig(), spec.get("bucket_mb", 25.0))
+    reducer, compress = entry.reducer(pg), spec.get("compress", "none")
+    if compress != NONE:
+        reducer = CompressedReducer(reducer, pg, compress)
+    sync = ReduceSync(reducer, OptimConfig(), spec.get("bucket_mb", 25.0))
     try:
         sync.attach(model)
         raw, mine = timed([lambda i: dist.all_reduce(flat), lambda i: sync.step(i).sync_s],
                           spec["warmup"], spec["iters"])
     finally:
         sync.close()
-    return [row(entry.bench_raw, pg.world, None, nbytes, raw), row(entry.name, pg.world, None, nbytes, mine)]
+    return [row(entry.bench_raw, pg.world, None, nbytes, raw), row(entry.name, pg.world, None, nbytes, mine, compress)]
 
 
 def bench_ps(entry, spec: dict, model, nbytes: int, where: tuple, socks: list) -> tuple[list[dict], list]:
@@ -153,7 +159,7 @@ def bench_ps(entry, spec: dict, model, nbytes: int, where: tuple, socks: list) -
     addrs = shared_addrs(rank, lambda: start_set(kids, out, "server", servers, world, tag),
                          out / "addrs" / f"{tag}.json")
     sync = PSSync(rank, world, torch.device("cpu"), addrs, OptimConfig(), spec.get("timeout_s", 300),
-                  spec.get("bucket_mb", 25.0))
+                  spec.get("bucket_mb", 25.0), compress=spec.get("compress", "none"))
     sync.attach(model)
     echoes = [lambda i, c=c: echo_round(socks, payload, c) for c in chunks]
     floors, sgd_socks = [], []
@@ -171,7 +177,7 @@ def bench_ps(entry, spec: dict, model, nbytes: int, where: tuple, socks: list) -
     if floors:
         rows.append(row(FLOOR_OF[entry.bench_raw], world, servers, nbytes,
                         min(times[len(chunks):-1], key=statistics.median)))
-    rows.append(row(entry.name, world, servers, nbytes, times[-1]))  # (raws: their best frame size)
+    rows.append(row(entry.name, world, servers, nbytes, times[-1], spec.get("compress", "none")))  # (raws: their best frame size)
     return rows, sgd_socks
 
 

@@ -14,6 +14,10 @@ per-bucket state that error feedback needs kept beside the codec, not inside an 
   decodes and sums locally, so their bytes grow with N; a parameter server sums them naturally.
 * ``wire_bytes(numel)``: the bytes one encoding of ``numel`` float32 elements puts on the wire (the
   formula the byte counters are checked against).
+* ``layout(numel)``, ``check(enc, numel)``, ``add_into(enc, dst)``: what a receiver that did not encode
+  (a parameter server) needs: the parts an encoding of ``numel`` elements must have (names, dtypes,
+  shapes; anything else on the wire is refused), the values it must hold (e.g. indices in range), and
+  the encoding added into a dense buffer without a dense copy of it (a sparse sum is an ``index_add_``).
 
 Codecs are chosen by a spec string (``--compress CODEC``): ``none``, ``fp16``, ``bf16``, ``topk:RATIO``,
 ``randomk:RATIO``, ``onebit``; ``codecs.parse`` turns one into a ``Codec``.
@@ -74,3 +78,20 @@ class Codec(ABC):
     @abstractmethod
     def wire_bytes(self, numel: int) -> int:
         """Bytes of one encoding of ``numel`` float32 elements."""
+
+    @abstractmethod
+    def layout(self, numel: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+        """The parts of an encoding of ``numel`` elements, in wire order: {name: (dtype, shape)}."""
+
+    def check(self, enc: Encoded, numel: int) -> None:
+        """ValueError (one line) unless ``enc``'s values are valid for ``numel`` elements (its parts
+        already match ``layout``)."""
+
+    def add_into(self, enc: Encoded, dst: torch.Tensor) -> None:
+        """``dst`` (1-D, ``numel`` elements) += what ``enc`` stands for."""
+        dst.add_(self.decode(enc, dst.numel(), dst.dtype))
+
+    def copy_into(self, enc: Encoded, dst: torch.Tensor) -> None:
+        """``dst`` (1-D) = what ``enc`` stands for."""
+        dst.zero_()
+        self.add_into(enc, dst)

@@ -42,6 +42,9 @@ class Identity(Codec):
     def wire_bytes(self, numel: int) -> int:
         return 4 * numel
 
+    def layout(self, numel: int) -> dict:
+        return {"values": (torch.float32, (numel,))}
+
 
 class Cast(Codec):
     """The bucket in a lower-precision dtype; no error feedback (rounding errors do not accumulate
@@ -60,6 +63,15 @@ class Cast(Codec):
 
     def wire_bytes(self, numel: int) -> int:
         return numel * torch.finfo(self.dtype).bits // 8
+
+    def layout(self, numel: int) -> dict:
+        return {"values": (self.dtype, (numel,))}
+
+    def add_into(self, enc: Encoded, dst: torch.Tensor) -> None:
+        dst.add_(enc.parts["values"])  # promoted to dst's dtype element by element, no float32 copy
+
+    def copy_into(self, enc: Encoded, dst: torch.Tensor) -> None:
+        dst.copy_(enc.parts["values"])
 
 
 class Feedback(Codec):
@@ -107,6 +119,18 @@ class Sparse(Feedback):
     def wire_bytes(self, numel: int) -> int:
         return 8 * self.k(numel)
 
+    def layout(self, numel: int) -> dict:
+        k = self.k(numel)
+        return {"indices": (torch.int32, (k,)), "values": (torch.float32, (k,))}
+
+    def check(self, enc: Encoded, numel: int) -> None:
+        idx = enc.parts["indices"]
+        if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < numel):
+            raise ValueError(f"indices must lie in 0..{numel - 1}, got {int(idx.min())}..{int(idx.max())}")
+
+    def add_into(self, enc: Encoded, dst: torch.Tensor) -> None:
+        dst.index_add_(0, enc.parts["indices"].long(), enc.parts["values"].to(dst.dtype))
+
 
 class TopK(Sparse):
     name = "topk"
@@ -148,6 +172,9 @@ class OneBit(Feedback):
 
     def wire_bytes(self, numel: int) -> int:
         return math.ceil(numel / 8) + 4
+
+    def layout(self, numel: int) -> dict:
+        return {"signs": (torch.uint8, (math.ceil(numel / 8),)), "scale": (torch.float32, (1,))}
 
 
 NAMES = (NONE, "fp16", "bf16", "topk", "randomk", "onebit")

@@ -5,7 +5,8 @@ only moves a chunk's gradients to its server and the sum back.
 
 A chunk's reduction is its pushpull: ``launch`` queues it for its server (sent at once, or when the
 server has a credit free; ``transport``), and its handle's ``wait`` takes replies off the sockets, in
-each server's send order, copying each sum into its chunk's buffer (the ``.grad`` the optimizer reads;
+each server's send order, copying each sum into its chunk's buffer (with ``--compress``, pushes are
+encoded: ``encoded``; fp16/bf16 replies hold the mean in that dtype, multiplied back by N here) (the ``.grad`` the optimizer reads;
 what it held was pushed), until its own is there. Servers hold the parameters of the start version
 only, so every worker starts from their copy and never pulls again (BSP only: ``consistency``).
 """
@@ -39,8 +40,10 @@ class PSAggregate(Reducer):
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
-                 window: int | None = None, links_Bps: tuple[float, float] | None = None):
+                 window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
+                 error_feedback: bool = True):
         super().__init__(rank, world, device)
+        self.compress, self.error_feedback = compress, error_feedback
         session.check_addrs(addrs)
         self.addrs, self.optim_cfg, self.timeout_s = addrs, optim, timeout_s
         self.frame_bytes = session.frame_bytes(frame_kb)
@@ -56,7 +59,10 @@ class PSAggregate(Reducer):
         self.client, self.tr = session.open_worker(
             self.layout, buckets, rank=self.rank, device=self.device, addrs=self.addrs, timeout_s=self.timeout_s,
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
-            semantics=self.semantics, resume=self.resume)
+            semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback)
+        # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
+        codec = self.tr.codec
+        self.scale = self.world if codec is not None and codec.dense else 1
         self.done: set[int] = set()
 
     def launch(self, bucket: Bucket) -> Handle:
@@ -73,6 +79,8 @@ class PSAggregate(Reducer):
                 while (got := tr.take(s)) is not None:
                     chunk, t = got
                     t.copy_into(chunk.flat)
+                    if self.scale != 1:
+                        chunk.flat.mul_(self.scale)
                     self.done.add(chunk.index)
                     tr.pump(s)
                     used = True

@@ -18,6 +18,8 @@ Ops (request ``op`` field):
                    take OptimConfig's defaults; an unknown field or value is refused)
         ``design``  "server-optimizer" (default) | "aggregate" (BSP only)
         ``consistency``  "bsp" (default) | "ssp" | "asp";  ``staleness``  SSP's bound k, an int >= 0
+        ``codec``  the spec pushes are encoded with (``compress.codecs``: "none" (default), "fp16",
+                   "bf16", "topk:R", "randomk:R", "onebit"); see ``encoded`` for the parts a push carries
         ``version``  the step the shard starts at (default 0; a resumed run's first step): BSP pushes of
                    that step are the first accepted, ASP/SSP clocks all start there
         ``opt_state``  optional optimizer state, described like ``tensors`` (its frames follow theirs),
@@ -27,14 +29,15 @@ Ops (request ``op`` field):
   push  a worker's gradients for some keys of the shard at step ``step``; acknowledged at once
   pushpull  the same, answered once the consistency model allows (BSP: those keys' step is updated;
         SSP: the slowest worker completed step+1-k steps; ASP: at once) with the keys' new values, or,
-        with the aggregate design, the sum of the N workers' gradients; ``version`` in the reply: step+1
+        with the aggregate design, the sum of the N workers' gradients (codec fp16/bf16: their mean, in
+        that dtype); an encoded push (init's ``codec``) names ``KEY/PART`` tensors (``encoded``); ``version`` in the reply: step+1
         under BSP, the slowest worker's clock under SSP/ASP
   pull  the shard's parameters once the server has reached ``version`` (version v = after v updates;
         SSP/ASP: once every worker completed v steps; aggregate: the init's version only)
   state  (any worker, normally rank 0, between steps) the reply carries copies of the shard's
         parameters (``tensors``) and optimizer state (``opt_state``, named as init takes it) and in its
         header ``version``, ``clocks`` (ASP/SSP: every worker's clock; BSP: null), ``optim``, ``design``,
-        ``consistency``, ``staleness``: init a fresh server with them and it continues exactly (BSP)
+        ``consistency``, ``staleness``, ``codec``: init a fresh server with them and it continues exactly (BSP)
   done  the worker has finished; the server exits once every worker said so
 Every request gets exactly one reply: ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
 "error": "..."}`` (``req`` null when the request's own was unreadable or not an int). A pull is answered
@@ -45,7 +48,7 @@ What a server refuses, with an error reply and one count in its ``errors`` (noth
 malformed or oversized msgpack, a header that is not a map, an ext type anywhere in it, a field of the
 wrong type, an unknown op, a protocol other than 1, a worker id outside 0..N-1, tensor descriptions that
 do not match the frames (count, whole items, bytes of dtype x shape), unknown keys or keys twice, wrong
-dtypes or shapes, pushes of another step than the shard's (BSP) or the worker's clock (ASP/SSP; SSP also
+dtypes or shapes, encoded parts that are not the codec's layout or hold invalid values (``encoded``), pushes of another step than the shard's (BSP) or the worker's clock (ASP/SSP; SSP also
 more than k ahead of the slowest worker), pulls too far ahead, a second init, inconsistent optimizer
 state, frames on a pull/state/done, and a message whose frames add up to more than the server's
 ``max_message_bytes`` (refused before decoding; a single frame over it never reaches the server:

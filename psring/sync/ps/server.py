@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import zmq
 
 from ...auth import secure_server
+from ...compress.codecs import NONE
+from .encoded import pushed_keys
 from .optimizers import optim_header
 from .protocol import (
     PROTOCOL,
@@ -179,7 +181,9 @@ class ParameterServer:
         if header["op"] == "push":
             self._send(ident, {"ok": True, "req": req})
         else:
-            self.waiting.append(Waiting(ident, req, worker, [k for k, _ in named], step))
+            keys = [k for k, _ in named]
+            self.waiting.append(Waiting(ident, req, worker, keys if self.store.codec is None else pushed_keys(keys),
+                                        step))
         if completed:
             self.metrics.on_last_push()
             self._serve_parked()
@@ -211,7 +215,7 @@ class ParameterServer:
         sections = decode_sections(header, frames, SECTIONS)
         self.store.init(sections["tensors"], header.get("optim", {}),
                         {k: header[k] for k in ("design", "consistency", "staleness") if k in header},
-                        sections["opt_state"], header.get("version", 0))
+                        sections["opt_state"], header.get("version", 0), header.get("codec", NONE))
         self._send(ident, {"ok": True, "req": req})
         self._serve_parked()
 
@@ -223,6 +227,7 @@ class ParameterServer:
         ometas, oframes = encode_tensors(st["opt_state"], self.frame_bytes)
         self._send(ident, {"ok": True, "req": req, "version": st["version"], "clocks": st["clocks"],
                            "optim": optim_header(self.store.cfg), **self.store.semantics.header(),
+                           "codec": st["codec"],
                            "tensors": metas, "opt_state": ometas}, tframes + oframes)
 
     def _done(self, ident: bytes, req, header: dict, frames: list) -> None:

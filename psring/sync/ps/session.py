@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from ...compress import parse
+from ...compress.codecs import NONE
 from ..buckets import Bucket, Space
 from .client import PSClient
 from .consistency import Semantics
@@ -81,19 +83,24 @@ def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bu
 
 def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device: torch.device, addrs: list[str],
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
-                semantics: Semantics, resume: tuple[dict, int] | None) -> tuple[PSClient, ChunkTransport]:
-    """Both designs' ``attach``: connect, init the servers (rank 0), start every worker from their copy of
-    the start version (a view of the reply where the servers run the optimizer, a copy where the local
-    optimizer writes the parameters), and a transport at that step whose byte counts begin after it."""
+                semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
+                error_feedback: bool = True) -> tuple[PSClient, ChunkTransport]:
+    """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
+    with), start every worker from their copy of the start version (a view of the reply where the servers
+    run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
+    step whose byte counts begin after it."""
     aggregate = semantics.design == "aggregate"
     client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
-    tr = ChunkTransport(client, buckets, len(addrs), device, window)
+    codec = None if compress == NONE else parse(compress, error_feedback)
+    tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank)
     start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
-    init = {"optim": optim_header(optim), **semantics.header()}
+    init = {"optim": optim_header(optim), **semantics.header(), "codec": compress}
     for mine, vals in zip(tr.chunks, start(client, rank, layout, tr.chunks, init, start_step, opt_state)):
         for b, t in zip(mine, vals):
             load_params(t, b, alias=not aggregate)
     tr.step = start_step
+    for st in tr.states.values():  # a random codec draws from (seed, step): a resumed run draws the same
+        st.steps = start_step
     tr.new_step()  # the init and the start pull are not step 0's bytes
     return client, tr
 

@@ -23,7 +23,10 @@ from collections import Counter
 
 import torch
 
+from ...compress import Codec, parse
+from ...compress.codecs import NONE
 from .consistency import Clocks, Semantics, parse_semantics
+from .encoded import decode_push
 from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
 from .protocol import MAX_VERSION, ProtocolError
 from .received import Received, received
@@ -40,6 +43,7 @@ class ShardStore:
         self.semantics = Semantics()
         self.aggregate = False
         self.clocks: Clocks | None = None  # ASP/SSP only
+        self.codec_spec, self.codec = NONE, None  # the init's codec (``encoded``); None: dense float pushes
         self.update_s = 0.0  # running totals for the server's own metrics
         self.aggregate_s = 0.0
         self.staleness: Counter = Counter()  # samples per value since the metrics last took them
@@ -50,9 +54,10 @@ class ShardStore:
         return self.version >= 0
 
     def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None,
-             opt_state: list | None = None, version: int = 0) -> None:
+             opt_state: list | None = None, version: int = 0, codec: str = NONE) -> None:
         """``optim``: the optimizer's hyper-parameters (``optimizers.OPTIM_FIELDS``); ``semantics``: the
         init's ``design``, ``consistency`` and ``staleness`` fields (absent: server-optimizer, bsp);
+        ``codec``: the spec pushes are encoded with (``encoded``; ``none``: plain tensors);
         ``opt_state``: ``[(KIND/KEY, tensor)]`` as ``state`` returns it, or nothing (fresh state);
         ``version``: the step to start at (a resumed run's first step)."""
         if self.initialized:
@@ -64,6 +69,7 @@ class ShardStore:
             raise ProtocolError(f"init: 'version' must be an int in 0..{MAX_VERSION}, got {version!r:.40}")
         cfg = parse_optim(optim)
         sem = parse_semantics(semantics or {})
+        decoder = _codec(codec)
         keys = [k for k, _ in named]
         if len(set(keys)) != len(keys):
             raise ProtocolError("init lists a key twice")
@@ -73,6 +79,7 @@ class ShardStore:
         aggregate = sem.design == "aggregate"
         loaded = check_opt_state(state_kinds(None if aggregate else cfg), dict(named), opt_state or [])
         self.cfg, self.semantics, self.aggregate = cfg, sem, aggregate
+        self.codec_spec, self.codec = codec, decoder
         for key, t in named:
             p = t.owned()
             p.grad = torch.zeros_like(p)
@@ -100,17 +107,21 @@ class ShardStore:
             raise ProtocolError(f"state asked mid-step: {len(self.updated)} of {len(self.params)} keys already "
                                 f"hold step {self.version}'s update; ask between steps")
         return {"version": self.version, "clocks": None if self.clocks is None else list(self.clocks.clock),
+                "codec": self.codec_spec,
                 "params": [(k, p.clone()) for k, p in self.params.items()],
                 "opt_state": [] if self.opt is None else self.opt.state_tensors()}
 
-    def check_push(self, worker: int, step: int, named: list[tuple[str, torch.Tensor]]) -> None:
-        """Raise ``ProtocolError`` unless the whole push is acceptable (so a bad push changes nothing)."""
+    def check_push(self, worker: int, step: int, named: list[tuple[str, Received]]) -> list[tuple[str, Received]]:
+        """The push's gradients per key (an encoded push decoded: ``encoded.decode_push``), or
+        ``ProtocolError`` unless the whole push is acceptable (so a bad push changes nothing)."""
         if not self.initialized:
             raise ProtocolError("push before init")
         if not (type(worker) is int and 0 <= worker < self.workers):
             raise ProtocolError(f"worker id {worker!r:.40} outside 0..{self.workers - 1}")
         if not named:
             raise ProtocolError("a push carries no tensors")
+        if self.codec is not None:
+            named = decode_push(self.codec, [(k, received(g)) for k, g in named], self.params)
         bsp = self.clocks is None
         if bsp and (type(step) is not int or step != self.version):
             raise ProtocolError(f"push for step {step!r:.40} but this shard is at step {self.version} (BSP)")
@@ -128,12 +139,12 @@ class ShardStore:
         if not bsp:
             lead = self.semantics.staleness if self.semantics.consistency == "ssp" else None
             self.clocks.check(worker, step, list(seen), lead)
+        return named
 
     def push(self, worker: int, step: int, named: list[tuple[str, Received | torch.Tensor]]) -> bool:
         """Take a worker's gradients; True when this push advanced the version (BSP: completed the step;
         ASP/SSP: completed the slowest worker's step)."""
-        named = [(k, received(g)) for k, g in named]
-        self.check_push(worker, step, named)
+        named = self.check_push(worker, step, [(k, received(g)) for k, g in named])
         if self.clocks is not None:
             return self._push_async(worker, step, named)
         self.staleness[0] += 1  # BSP: every gradient is computed on the version it is applied to
@@ -215,6 +226,9 @@ class ShardStore:
         if self.clocks is None:
             if self.aggregate:
                 sums = self.sums[step % 2]
+                if self.codec is not None and self.codec.dense:  # fp16/bf16: the mean, divided first so it
+                    low = self.codec.dtype                         # stays in range (a copy, not the buffer)
+                    return step + 1, [(k, sums[k].div(self.workers).to(low)) for k in keys]
                 return step + 1, [(k, sums[k]) for k in keys]
             return step + 1, self.snapshot(keys)
         return self.version, self.read_values(worker, keys)
@@ -256,3 +270,14 @@ class ShardStore:
         out = self.staleness, self.delay
         self.staleness, self.delay = Counter(), Counter()
         return out
+
+
+def _codec(spec) -> Codec | None:
+    """The init's ``codec`` field as a decoder (None for plain pushes), or ProtocolError."""
+    if type(spec) is not str:
+        raise ProtocolError(f"init: 'codec' must be a codec spec string, got {spec!r:.40}")
+    try:
+        codec = parse(spec)
+    except ValueError as e:
+        raise ProtocolError(f"init: {e}") from None
+    return None if codec.name == NONE else codec

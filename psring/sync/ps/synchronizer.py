@@ -44,8 +44,9 @@ class PSSync(Synchronizer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
-                 links_Bps: tuple[float, float] | None = None):
-        """``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
+                 links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True):
+        """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
+        ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
         chunks are then fitted to them (``sharding.fitted_chunk_bytes``, at most ``bucket_mb``; with
         one server too, splitting tensors) and sent under a window of credits.
@@ -58,7 +59,7 @@ class PSSync(Synchronizer):
         self.cap = int(bucket_mb * 2**20)
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
-        self.links_Bps = links_Bps
+        self.links_Bps, self.compress, self.error_feedback = links_Bps, compress, error_feedback
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
 
     def attach(self, model: nn.Module) -> nn.Module:
@@ -68,7 +69,8 @@ class PSSync(Synchronizer):
         self.client, self.tr = session.open_worker(
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
-            optim=self.optim_cfg, semantics=self.semantics, resume=self.resume)
+            optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
+            error_feedback=self.error_feedback)
         self.deferred: list[Bucket] = []
         return model
 
@@ -141,15 +143,17 @@ class PSSync(Synchronizer):
 def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig, timeout_s: float,
             bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024, design: str = "server-optimizer",
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
-            links_Bps: tuple[float, float] | None = None) -> Synchronizer:
+            links_Bps: tuple[float, float] | None = None, compress: str = "none",
+            error_feedback: bool = True) -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer)."""
     semantics: Semantics = check_semantics(design, consistency, staleness)
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
-                      staleness, curve, window, links_Bps)
+                      staleness, curve, window, links_Bps, compress, error_feedback)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
-    reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps)
+    reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
+                          compress, error_feedback)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

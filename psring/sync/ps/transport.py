@@ -8,6 +8,9 @@ chunk is one bucket of ``buckets.GradBuckets`` (``.grad`` are views into the fla
 server-optimizer design, its update ran). Frames go to ZeroMQ without copies: the chunk's own memory
 (on GPU, a pinned host copy made asynchronously, then waited for).
 
+With a codec (``--compress``), a push carries the chunk's encoding instead (``encoded``), error
+feedback kept per chunk on this worker.
+
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
 together and its reply leaves while later chunks still arrive, instead of a fast TCP flow running
@@ -21,8 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...compress import Codec, CodecState
 from ..buckets import Bucket, BucketRange, space_sizes
 from .client import PSClient
+from .encoded import encode_push
 from .received import Received
 from .sharding import chunk_bytes, plan_chunks
 
@@ -42,18 +47,23 @@ def chunk_ranges(layout, world: int, servers: int, links_Bps, cap_bytes: int) ->
 
 @dataclass
 class Sent:
-    """A pushpull on its way: its request id, its chunk, and its trace message (duration set on arrival)."""
+    """A pushpull on its way: its request id, its chunk, its trace message (duration set on arrival), and
+    the encoded tensors its frames point into (kept alive until the reply: ZeroMQ sends without copies)."""
     req: int
     bucket: Bucket
     trace: list = field(default_factory=list)
+    keep: list = field(default_factory=list)
 
 
 class ChunkTransport:
     """This worker's pushpulls of one step, per server: sent (unanswered or not yet used) and queued
     (ready, waiting for a credit)."""
 
-    def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int):
-        self.client, self.window = client, window
+    def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int,
+                 codec: Codec | None = None, rank: int = 0):
+        self.client, self.window, self.codec = client, window, codec
+        # per chunk, the codec's state (error-feedback residual, a random codec's draws), seeded per rank
+        self.states = {b.index: CodecState(seed=(rank << 20) + b.index) for b in buckets}
         self.chunks: list[list[Bucket]] = [[] for _ in range(servers)]  # per server, in launch order
         for b in buckets:
             self.chunks[b.group].append(b)
@@ -103,14 +113,19 @@ class ChunkTransport:
     def _push(self, b: Bucket) -> None:
         s, host = b.group, self.host[b.index]
         t = time.perf_counter()
-        if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
-            host.copy_(b.flat, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
-        req = self.client.send(s, {"op": "pushpull", "step": self.step}, [(chunk_key(b), host)])
+        if self.codec is not None:  # encoded where the gradient is, the (small) parts copied to the host
+            named = encode_push(self.codec, chunk_key(b), b.flat, self.states[b.index])
+        else:
+            if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
+                host.copy_(b.flat, non_blocking=True)
+                torch.cuda.current_stream(self.device).synchronize()
+            named = [(chunk_key(b), host)]
+        req = self.client.send(s, {"op": "pushpull", "step": self.step}, named)
         sent = time.perf_counter()
         reply = [sent, f"params of chunk {b.index} from server {s}", None]
-        self.messages += [[t, f"push chunk {b.index} to server {s} ({b.nbytes / 2**20:.1f} MB)", sent - t], reply]
-        self.sent[s].append(Sent(req, b, reply))
+        mb = sum(x.numel() * x.element_size() for _, x in named) / 2**20
+        self.messages += [[t, f"push chunk {b.index} to server {s} ({mb:.2f} MB)", sent - t], reply]
+        self.sent[s].append(Sent(req, b, reply, [x for _, x in named]))
 
     def take(self, s: int) -> tuple[Bucket, Received] | None:
         """Server ``s``'s next reply in send order if it is here: (its chunk, the chunk's tensor)."""
