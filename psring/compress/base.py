@@ -64,6 +64,7 @@ class Codec(ABC):
 
     name = ""
     dense = False
+    sparse = False  # an encoding is (indices, values) of some elements: N of them add up to a sparse sum
     error_feedback = False
 
     @abstractmethod

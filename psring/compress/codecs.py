@@ -97,6 +97,8 @@ class Feedback(Codec):
 class Sparse(Feedback):
     """k = ceil(ratio * numel) elements as int32 indices and float32 values; ``_pick`` chooses them."""
 
+    sparse = True
+
     def __init__(self, ratio: float, error_feedback: bool = True):
         super().__init__(error_feedback)
         self.ratio = ratio

@@ -16,7 +16,13 @@ parameter server) and which only becomes a dense tensor where one is needed (an 
 one worker's gradient: N=1, ASP/SSP).
 
 Error feedback is the worker's alone (the residual of what its encodings dropped, per chunk): the
-server never sees it.
+server never loses anything itself. Replies: the server-optimizer design answers with the new
+parameters, dense (they must be exact). The aggregate design answers with the exact sum in the most
+compact form it has: with fp16/bf16 the mean in that dtype; with top-k and random-k the sum's nonzero
+elements (``sparse_sum``: at most N*k of them, ``KEY/indices`` int32 and ``KEY/values`` float32 of one
+length m <= n), since N sparse vectors add up to a sparse one; with onebit, the dense sum (N sign
+vectors do not). A dense reply would cap what compression buys on full-duplex links at nothing: a step
+would still move M down however little went up.
 """
 from __future__ import annotations
 
@@ -101,3 +107,30 @@ def decode_push(codec: Codec, named: list[tuple[str, Received]],
         out.append((key, EncodedGrad(codec, enc, p.dtype, tuple(p.shape))))
         i += len(want)
     return out
+
+
+
+def sparse_sum(key: str, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """The aggregate design's reply for a sparse codec: ``flat``'s nonzero elements, indices ascending."""
+    idx = flat.nonzero().view(-1)
+    return [(f"{key}{SEP}indices", idx.to(torch.int32)), (f"{key}{SEP}values", flat[idx])]
+
+
+def decode_sparse_sum(codec: Codec, named: list[tuple[str, Received]], key: str, numel: int) -> EncodedGrad:
+    """A ``sparse_sum`` reply read back (its indices checked by the codec's own ``check``), or
+    ProtocolError."""
+    names = [n for n, _ in named]
+    want = [f"{key}{SEP}indices", f"{key}{SEP}values"]
+    if names != want:
+        raise ProtocolError(f"a sparse sum for {key!r:.80} names {want}, got {names!r:.120}")
+    (_, idx), (_, val) = named
+    m = idx.numel()
+    if idx.dtype != torch.int32 or val.dtype != torch.float32 or val.numel() != m or m > numel:
+        raise ProtocolError(f"a sparse sum for {key!r:.80} needs int32 indices and float32 values of one "
+                            f"length <= {numel}, got {idx.dtype} [{m}] and {val.dtype} [{val.numel()}]")
+    enc = Encoded({"indices": idx.tensor().view(-1), "values": val.tensor().view(-1)})
+    try:
+        codec.check(enc, numel)
+    except ValueError as e:
+        raise ProtocolError(f"a sparse sum for {key!r:.80}: {e}") from None
+    return EncodedGrad(codec, enc, torch.float32, (numel,))

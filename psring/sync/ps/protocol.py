@@ -30,7 +30,7 @@ Ops (request ``op`` field):
   pushpull  the same, answered once the consistency model allows (BSP: those keys' step is updated;
         SSP: the slowest worker completed step+1-k steps; ASP: at once) with the keys' new values, or,
         with the aggregate design, the sum of the N workers' gradients (codec fp16/bf16: their mean, in
-        that dtype); an encoded push (init's ``codec``) names ``KEY/PART`` tensors (``encoded``); ``version`` in the reply: step+1
+        that dtype; top-k/random-k: the sum's nonzeros, ``KEY/indices`` and ``KEY/values``); an encoded push (init's ``codec``) names ``KEY/PART`` tensors (``encoded``); ``version`` in the reply: step+1
         under BSP, the slowest worker's clock under SSP/ASP
   pull  the shard's parameters once the server has reached ``version`` (version v = after v updates;
         SSP/ASP: once every worker completed v steps; aggregate: the init's version only)

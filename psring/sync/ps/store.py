@@ -26,7 +26,7 @@ import torch
 from ...compress import Codec, parse
 from ...compress.codecs import NONE
 from .consistency import Clocks, Semantics, parse_semantics
-from .encoded import decode_push
+from .encoded import decode_push, sparse_sum
 from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
 from .protocol import MAX_VERSION, ProtocolError
 from .received import Received, received
@@ -57,7 +57,8 @@ class ShardStore:
              opt_state: list | None = None, version: int = 0, codec: str = NONE) -> None:
         """``optim``: the optimizer's hyper-parameters (``optimizers.OPTIM_FIELDS``); ``semantics``: the
         init's ``design``, ``consistency`` and ``staleness`` fields (absent: server-optimizer, bsp);
-        ``codec``: the spec pushes are encoded with (``encoded``; ``none``: plain tensors);
+        ``codec``: the spec pushes are encoded with (``encoded``; ``none``: plain tensors; with the
+        aggregate design it also decides the replies' form);
         ``opt_state``: ``[(KIND/KEY, tensor)]`` as ``state`` returns it, or nothing (fresh state);
         ``version``: the step to start at (a resumed run's first step)."""
         if self.initialized:
@@ -80,6 +81,7 @@ class ShardStore:
         loaded = check_opt_state(state_kinds(None if aggregate else cfg), dict(named), opt_state or [])
         self.cfg, self.semantics, self.aggregate = cfg, sem, aggregate
         self.codec_spec, self.codec = codec, decoder
+        self.sparse_replies = aggregate and decoder is not None and decoder.sparse
         for key, t in named:
             p = t.owned()
             p.grad = torch.zeros_like(p)
@@ -226,6 +228,8 @@ class ShardStore:
         if self.clocks is None:
             if self.aggregate:
                 sums = self.sums[step % 2]
+                if self.sparse_replies:  # N sparse gradients add up to a sparse sum: its nonzeros (a copy)
+                    return step + 1, [kt for k in keys for kt in sparse_sum(k, sums[k].view(-1))]
                 if self.codec is not None and self.codec.dense:  # fp16/bf16: the mean, divided first so it
                     low = self.codec.dtype                         # stays in range (a copy, not the buffer)
                     return step + 1, [(k, sums[k].div(self.workers).to(low)) for k in keys]
