@@ -59,9 +59,12 @@ def check_compress(cfg) -> None:
         raise ConfigError(f"--compress {cfg.compress}: checkpoints of --sync {cfg.sync} with error feedback are not "
                           f"supported (each worker's residuals stay on it); add --no-error-feedback, or drop "
                           f"--checkpoint-every/--resume")
-    if name == POWERSGD and (cfg.checkpoint_every or cfg.resume):  # before anything starts, not at step K
+    # ddp's PowerSGD is torch's hook, whose state cannot be restored exactly; the reducers' own
+    # (sync/powersgd.py) checkpoints its state. Refused here, before anything starts, not at step K.
+    if name == POWERSGD and strategies.get(cfg.sync).reducer is None and (cfg.checkpoint_every or cfg.resume):
         raise ConfigError(f"--compress {cfg.compress}: checkpoints are not supported (torch's PowerSGD state "
-                          f"cannot be restored exactly); drop --checkpoint-every/--resume or use fp16/bf16")
+                          f"cannot be restored exactly); drop --checkpoint-every/--resume, use fp16/bf16, or "
+                          f"--sync allreduce (its own PowerSGD checkpoints)")
 
 
 def check_ps(cfg) -> None:

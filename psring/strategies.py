@@ -95,15 +95,15 @@ def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
         pg = _group(cfg)
         reducer = REGISTRY[name].reducer(pg)
         if cfg.compress != "none":
-            from .sync.compressed import CompressedReducer
+            from .sync.compressed import wrap
 
-            reducer = CompressedReducer(reducer, pg, cfg.compress, cfg.error_feedback)
+            reducer = wrap(reducer, pg, cfg.compress, cfg.error_feedback)
         return _reduce(cfg, reducer)
     return build
 
 
-CODECS = (  # the codecs of compress.codecs.parse (PowerSGD is ddp's alone)
-    "fp16", "bf16", "topk", "randomk", "onebit")
+CODECS = ("fp16", "bf16", "topk", "randomk", "onebit")  # the codecs of compress.codecs.parse
+REDUCE_CODECS = CODECS + ("powersgd",)  # and PowerSGD (sync/powersgd.py), for the all-reduce family
 
 
 def _ddp(cfg: TrainConfig) -> Synchronizer:
@@ -130,10 +130,10 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              codecs=CODECS),
     Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
              "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
-             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=CODECS),
+             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=REDUCE_CODECS),
     Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
              "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
-             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=CODECS),
+             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCE_CODECS),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False,
              codecs=("fp16", "bf16", "powersgd")),

@@ -47,7 +47,7 @@ def test_half_precision_matches_single_process(psring, tmp_path, reference, code
     assert all(x["bytes_sent"] == x["bytes_recv"] == RING_FP32 // 2 for x in recs)
 
 
-@pytest.mark.parametrize("rank", [1, 2])
+@pytest.mark.parametrize("rank", [2])  # (the formula holds per rank; one suffices)
 def test_powersgd_runs_learns_and_counts_bytes(psring, tmp_path, rank):
     steps = 12  # 2 plain all-reduce steps (start_powerSGD_iter), then 10 compressed
     args = [a if a != str(STEPS) else str(steps) for a in train_args(tmp_path / "run", "ddp", 2, batch=B)]

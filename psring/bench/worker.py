@@ -27,7 +27,7 @@ from ..strategies import get
 from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
 from ..compress.codecs import NONE
-from ..sync.compressed import CompressedReducer
+from ..sync.compressed import wrap
 from ..sync.reducer import ReduceSync
 from ..train.models import build_model
 from .cli import FLOOR_OF
@@ -137,7 +137,7 @@ def bench_reducer(entry, pg, model, nbytes: int, spec: dict) -> list[dict]:
     flat = torch.randn(nbytes // 4)
     reducer, compress = entry.reducer(pg), spec.get("compress", "none")
     if compress != NONE:
-        reducer = CompressedReducer(reducer, pg, compress)
+        reducer = wrap(reducer, pg, compress)
     sync = ReduceSync(reducer, OptimConfig(), spec.get("bucket_mb", 25.0))
     try:
         sync.attach(model)

@@ -198,7 +198,7 @@ def parse(spec: str, error_feedback: bool = True) -> Codec:
     name, colon, arg = spec.partition(":")
     if name not in NAMES:
         raise ValueError(f"unknown codec {spec!r}: choose none, fp16, bf16, topk:RATIO, randomk:RATIO, onebit "
-                         f"or (ddp) powersgd:RANK")
+                         f"or (all-reduce family) powersgd:RANK")
     if name in _RATIO:
         if not colon:
             raise ValueError(f"codec {spec!r} needs a ratio, e.g. {name}:0.01")
@@ -214,8 +214,8 @@ def parse(spec: str, error_feedback: bool = True) -> Codec:
 
 
 # PowerSGD (Vogels et al., NeurIPS 2019) is not a Codec: it compresses a whole bucket of matrices with
-# two all-reduces and warm-started state, which torch ships as a DDP comm hook (``sync/ddp.py`` uses
-# it as is). Its spec is checked here so that config validates every ``--compress`` in one place.
+# two all-reduces and warm-started state (``sync/powersgd.py`` for allreduce and ring; ``ddp`` uses
+# torch's own comm hook as is). Its spec is checked here so config validates every ``--compress`` in one place.
 POWERSGD = "powersgd"
 
 

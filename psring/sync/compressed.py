@@ -35,29 +35,25 @@ from .reducer import CommThread, Handle, Reducer
 STATE_KEY = "compress"  # this reducer's entry in a checkpoint's sync state
 
 
-class _DecodeHandle(Handle):
-    """The inner reducer's handle of a shadow bucket; ``wait`` then writes the sum back into the bucket."""
+def wrap(inner: Reducer, pg: ProcessGroupInfo, spec: str, error_feedback: bool = True) -> Reducer:
+    """``inner`` with the codec ``spec``: PowerSGD (``sync.powersgd``) or any codec of ``compress``."""
+    from ..compress.codecs import POWERSGD
 
-    def __init__(self, inner: Handle, finish):
-        self.inner, self.finish = inner, finish
+    if spec.partition(":")[0] == POWERSGD:
+        from .powersgd import PowerSGDReducer
 
-    def wait(self) -> None:
-        self.inner.wait()
-        self.finish()
+        return PowerSGDReducer(inner, pg, spec, error_feedback)
+    return CompressedReducer(inner, pg, spec, error_feedback)
 
 
-class CompressedReducer(Reducer):
-    """``inner`` (a reducer of the all-reduce family) with the codec ``spec`` on every bucket."""
+class Wrapped(Reducer):
+    """A reducer around ``inner`` (a codec's wrapper): the inner reducer's buckets, comm thread, resume,
+    trace messages and steps are handed through; subclasses write ``launch``, ``wire_bytes``, state."""
 
-    def __init__(self, inner: Reducer, pg: ProcessGroupInfo, spec: str, error_feedback: bool = True):
+    def __init__(self, inner: Reducer, pg: ProcessGroupInfo):
         super().__init__(inner.rank, inner.world, inner.device)
-        self.inner, self.pg, self.spec = inner, pg, spec
-        self.codec = parse(spec, error_feedback)
-        self.name, self.wait_phase = inner.name, inner.wait_phase
-        # dense: the inner reducer's own thread, if it has one; all-gather: always on the comm thread
-        self.uses_thread = inner.uses_thread if self.codec.dense else True
-        self.states: dict[int, CodecState] = {}
-        self.shadows: dict[int, Bucket] = {}
+        self.inner, self.pg = inner, pg
+        self.name, self.wait_phase, self.uses_thread = inner.name, inner.wait_phase, inner.uses_thread
 
     def use_comm(self, thread: CommThread | None) -> None:
         # ReduceSync gives the wrapper its one CommThread; an inner reducer that uses one shares it
@@ -71,6 +67,48 @@ class CompressedReducer(Reducer):
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
         self.inner.resume = self.resume
         self.inner.attach(model, buckets)
+
+    def take_messages(self) -> list:
+        return self.inner.take_messages()
+
+    def end_step(self) -> None:
+        self.inner.end_step()
+
+    def gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``t`` as rows (world x numel), on the CPU: a collective (gloo: a flat output)."""
+        mine = t.detach().contiguous()
+        out = torch.empty(self.world * mine.numel(), dtype=mine.dtype, device=mine.device)
+        dist.all_gather_into_tensor(out, mine, group=self.pg.group)
+        return out.view(self.world, -1).cpu()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _DecodeHandle(Handle):
+    """The inner reducer's handle of a shadow bucket; ``wait`` then writes the sum back into the bucket."""
+
+    def __init__(self, inner: Handle, finish):
+        self.inner, self.finish = inner, finish
+
+    def wait(self) -> None:
+        self.inner.wait()
+        self.finish()
+
+
+class CompressedReducer(Wrapped):
+    """``inner`` (a reducer of the all-reduce family) with the codec ``spec`` on every bucket."""
+
+    def __init__(self, inner: Reducer, pg: ProcessGroupInfo, spec: str, error_feedback: bool = True):
+        super().__init__(inner, pg)
+        self.spec, self.codec = spec, parse(spec, error_feedback)
+        # dense: the inner reducer's own thread, if it has one; all-gather: always on the comm thread
+        self.uses_thread = inner.uses_thread if self.codec.dense else True
+        self.states: dict[int, CodecState] = {}
+        self.shadows: dict[int, Bucket] = {}
+
+    def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
+        super().attach(model, buckets)
         for b in buckets:
             self.states[b.index] = CodecState(seed=(self.rank << 20) + b.index)
             if self.codec.dense:
@@ -110,24 +148,13 @@ class CompressedReducer(Reducer):
         n = (self.world - 1) * self.codec.wire_bytes(bucket.flat.numel())
         return n, n
 
-    def take_messages(self) -> list:
-        return self.inner.take_messages()
-
-    def end_step(self) -> None:
-        self.inner.end_step()
-
     # --- checkpoints --------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The inner reducer's state and, under ``compress``, every rank's codec state per bucket (a
         collective: every rank calls ``state_dict`` at the same step; rank 0 writes the checkpoint)."""
         buckets = {}
         for index, st in sorted(self.states.items()):
-            residuals = None
-            if st.residual is not None:
-                mine = st.residual.detach().contiguous()
-                residuals = torch.empty(self.world * mine.numel(), dtype=mine.dtype, device=mine.device)
-                dist.all_gather_into_tensor(residuals, mine, group=self.pg.group)  # gloo: a flat output
-                residuals = residuals.view(self.world, -1).cpu()
+            residuals = None if st.residual is None else self.gather(st.residual)
             buckets[index] = {"residuals": residuals, "steps": st.steps}
         return {**self.inner.state_dict(), STATE_KEY: {"codec": self.spec, "buckets": buckets}}
 
@@ -140,6 +167,3 @@ class CompressedReducer(Reducer):
             st.steps = d["steps"]
             if d["residuals"] is not None:
                 st.residual = d["residuals"][self.rank].to(self.device).clone()
-
-    def close(self) -> None:
-        self.inner.close()
