@@ -28,6 +28,9 @@ EXPECTED = {
                 "timeline_sync-allreduce_workers-4_servers-1"},
     "message_size": {"message_size"},
     "speed": {"breakdown", "message_size_p1", "message_size_p2", "timeline_p3-ps0", "timeline_p3-allreduce0"},
+    "compression": {"convergence", "time_to_accuracy", "breakdown"},  # (one N: no compression figure)
+    "compression_scaled": {"convergence", "time_to_accuracy"},
+    "compression_sync": {"compression", "breakdown"},
 }
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
 

@@ -26,6 +26,8 @@ from pathlib import Path
 from ..strategies import uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
+from ..compress.codecs import NONE
+from .compression import figure_compression, figure_time_to_accuracy, has_codecs
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
 from .servers import figure_servers, has_server_curve
@@ -75,7 +77,9 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
 
     runs = run_table(folder)
     if runs is not None and not runs.empty:
-        if "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1:
+        if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
+            written += save(figure_compression(runs), out, "compression", formats)
+        elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1:
             written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
         if "step_s_p50" in runs:
             written += save(figure_breakdown(runs), out, "breakdown", formats)
@@ -89,6 +93,9 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
 
     if accuracy_runs(folder):  # runs that measured held-out accuracy (e.g. experiments/convergence.toml)
         written += save(figure_convergence(folder), out, "convergence", formats)
+        acc = accuracy_runs(folder)
+        if len({c.get("compress", NONE) for c, _, _ in acc}) > 1:  # experiments/compression.toml
+            written += save(figure_time_to_accuracy(acc), out, "time_to_accuracy", formats)
 
     for d in timeline_runs(folder):
         written += save(figure_timeline([d]), out, _stem("timeline", folder, d), formats)

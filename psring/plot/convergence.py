@@ -9,7 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from ..strategies import attr, is_baseline, uses_servers
+from ..compress.codecs import NONE
 from .common import new_figure, strategy_color
+from .compression import by_label, codec_color, mean_curve, run_label
 
 CONSISTENCY_COLORS = {"bsp": "tab:red", "ssp": "tab:purple", "asp": "tab:olive"}
 
@@ -53,11 +55,18 @@ def figure_convergence(folder: Path):
         raise ValueError(f"{folder}: no run with test accuracy (test_acc) in its steps.jsonl")
     fig, axes = new_figure(15, 4.6, ncols=3)
     ax_step, ax_wall, ax_stale = axes[0]
+    codecs = len({c.get("compress", NONE) for c, _, _ in runs}) > 1  # compression.toml: a line per codec
+    if codecs:  # ... and per setting, the mean over its seeds
+        runs = [(g[0][0], mean_curve(g), g[0][2]) for g in by_label(runs).values()]
     for cfg, ev, _ in runs:
         color = CONSISTENCY_COLORS.get(cfg.get("consistency"), attr(cfg["sync"], "color")) \
             if uses_servers(cfg["sync"]) else strategy_color(cfg["sync"], "tab:blue")
         slow = bool(cfg.get("straggler")) and float(cfg["straggler"].split(":")[1]) > 1
-        style = dict(color=color, linestyle="--" if slow else "-", marker="o", markersize=3, label=label(cfg))
+        name = label(cfg)
+        if codecs:
+            color, name = codec_color(cfg.get("compress", NONE)), f"{name}, {run_label(cfg)}"
+            slow = slow or "," in run_label(cfg)  # a setting changed from the defaults: dashed
+        style = dict(color=color, linestyle="--" if slow else "-", marker="o", markersize=3, label=name)
         ax_step.plot(ev["step"] + 1, 100 * ev["test_acc"], **style)
         ax_wall.plot(ev["wall_s"], 100 * ev["test_acc"], **style)
     for ax, xl in ((ax_step, "training steps"), (ax_wall, "wall time since the first step (s)")):
@@ -68,6 +77,9 @@ def figure_convergence(folder: Path):
     ax_wall.set_title("accuracy over wall time: waiting costs time")
     ax_wall.legend(fontsize=7, loc="lower right")
 
+    if codecs:
+        _bytes_panel(ax_stale, runs)
+        return fig
     stale = [(label(c), s["server_staleness_hist"]) for c, _, s in runs if s.get("server_staleness_hist")
              and c.get("consistency") in ("ssp", "asp")]
     width = 0.8 / max(1, len(stale))
@@ -83,3 +95,21 @@ def figure_convergence(folder: Path):
         ax_stale.legend(fontsize=7)
     ax_stale.grid(alpha=0.3, axis="y")
     return fig
+
+
+def _bytes_panel(ax, runs) -> None:
+    """Per setting: the bytes a worker sent and received per step (a codec sweep's third panel)."""
+    names = [run_label(c) for c, _, _ in runs]
+    ys = range(len(runs))
+    sent = [s.get("bytes_sent_per_step", 0) / 2**10 for _, _, s in runs]
+    recv = [s.get("bytes_recv_per_step", 0) / 2**10 for _, _, s in runs]
+    ax.barh([y - 0.2 for y in ys], sent, 0.4, color=[codec_color(c.get("compress", NONE)) for c, _, _ in runs],
+            label="sent (pushes)")
+    ax.barh([y + 0.2 for y in ys], recv, 0.4, color="0.6", label="received (replies)")
+    ax.set_yticks(list(ys), names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("KiB per worker and step")
+    ax.set_title("bytes per step")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, axis="x")
