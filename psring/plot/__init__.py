@@ -23,10 +23,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import pandas as pd
+
+from ..compress.codecs import NONE
 from ..strategies import uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
-from ..compress.codecs import NONE
 from .compression import figure_compression, figure_time_to_accuracy, has_codecs
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
@@ -79,7 +81,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     if runs is not None and not runs.empty:
         if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
             written += save(figure_compression(runs), out, "compression", formats)
-        elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1:
+        elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1 and \
+                runs.get("compress", pd.Series(dtype=str)).fillna(NONE).nunique() <= 1:  # (codecs: a line each)
             written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
         if "step_s_p50" in runs:
             written += save(figure_breakdown(runs), out, "breakdown", formats)
