@@ -12,10 +12,11 @@ EPOCHS, N, B = 5, 4, 16
 STEPS = EPOCHS * (1438 // (N * B))  # 1,438 training images; drop_last
 
 
+# (the aggregate design is the all-reduce's optimizer on the PS's sums: test_equivalence and
+# test_ps_semantics check it equals single-process training, so its convergence is all-reduce's)
 @pytest.mark.parametrize("extra", [["--sync", "allreduce"],
-                                   ["--sync", "ps", "--servers", "2", "--ps-design", "server-optimizer"],
-                                   ["--sync", "ps", "--servers", "2", "--ps-design", "aggregate"]],
-                         ids=["allreduce", "ps-server-optimizer", "ps-aggregate"])
+                                   ["--sync", "ps", "--servers", "2", "--ps-design", "server-optimizer"]],
+                         ids=["allreduce", "ps-server-optimizer"])
 def test_digits_reach_90_percent_at_n4(psring, tmp_path, extra):
     out = tmp_path / "run"
     r = psring.run("train", *extra, "--workers", str(N), "--dataset", "digits", "--model", "cnn",
