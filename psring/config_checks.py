@@ -34,8 +34,8 @@ def compute(v: str) -> str | None:
 
 
 def compress_spec(v: str) -> str | None:
-    """The spec parses (``compress.codecs.check_spec``); which strategy takes it is ``check_compress``'s."""
-    from .compress.codecs import check_spec
+    """The spec parses (``compress.spec.check_spec``, torch-free); which strategy takes it is ``check_compress``'s."""
+    from .compress.spec import check_spec
 
     try:
         check_spec(v)
@@ -47,14 +47,14 @@ def compress_spec(v: str) -> str | None:
 def check_compress(cfg) -> None:
     """The codec's name is one the strategy takes (``Strategy.codecs``)."""
     from . import strategies
-    from .compress.codecs import NONE, POWERSGD, parse
+    from .compress.spec import NONE, POWERSGD, has_feedback
 
     name = cfg.compress.partition(":")[0]
     takes = strategies.get(cfg.sync).codecs
     if name != NONE and name not in takes:
         offer = f"takes {', '.join(takes)} or none" if takes else "takes no codec (only none)"
         raise ConfigError(f"--compress {cfg.compress}: --sync {cfg.sync} {offer}")
-    if strategies.uses_servers(cfg.sync) and parse(cfg.compress, cfg.error_feedback).error_feedback and \
+    if strategies.uses_servers(cfg.sync) and has_feedback(cfg.compress, cfg.error_feedback) and \
             (cfg.checkpoint_every or cfg.resume):
         raise ConfigError(f"--compress {cfg.compress}: checkpoints of --sync {cfg.sync} with error feedback are not "
                           f"supported (each worker's residuals stay on it); add --no-error-feedback, or drop "

@@ -168,6 +168,8 @@ def test_load_sweep_resolves_servers_and_drops_duplicates(tmp_path):
 @pytest.mark.parametrize("args,needle", [
     (["--sizes", "4Q"], "cannot read size '4Q'"),
     (["--strategies", "gossip"], "--strategies takes allreduce and/or ps"),
+    (["--strategies", "ps", "--compress", "powersgd:1"], "ps cannot bench it"),
+    (["--compress", "topk:2"], "RATIO"),
 ])
 def test_bad_bench_args_are_one_line_and_exit_2(psring, tmp_path, args, needle):
     out = tmp_path / "bench"

@@ -90,7 +90,7 @@ def cmd_bench(a) -> int:
 
 def check_bench_codec(spec: str, strategies: list[str]) -> None:
     """``--compress`` names a codec every benched strategy takes (``Strategy.codecs``), in one line."""
-    from ..compress.codecs import NONE, check_spec
+    from ..compress.spec import NONE, check_spec
 
     try:
         check_spec(spec)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..compress.codecs import NONE
+from ..compress.spec import NONE
 from ..launch.children import Children
 from ..launch.launcher import LaunchError, check_alive, child_env, free_port
 from ..launch.resources import check_bench, model_bytes

@@ -26,7 +26,7 @@ from ..launch.launcher import start_listeners
 from ..strategies import get
 from ..sync.process_group import exit_without_teardown, init_process_group
 from ..sync.ps.synchronizer import PSSync
-from ..compress.codecs import NONE
+from ..compress.spec import NONE
 from ..sync.compressed import wrap
 from ..sync.reducer import ReduceSync
 from ..train.models import build_model

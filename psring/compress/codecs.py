@@ -26,8 +26,7 @@ import math
 import torch
 
 from .base import Codec, CodecState, Encoded
-
-NONE = "none"  # the identity's name; also a strategy's, so it is compared only through this constant
+from .spec import NONE, POWERSGD, RATIO, check_spec, ratio
 
 
 class Identity(Codec):
@@ -179,62 +178,16 @@ class OneBit(Feedback):
         return {"signs": (torch.uint8, (math.ceil(numel / 8),)), "scale": (torch.float32, (1,))}
 
 
-NAMES = (NONE, "fp16", "bf16", "topk", "randomk", "onebit")
-_RATIO = ("topk", "randomk")
-
-
-def _ratio(spec: str, text: str) -> float:
-    try:
-        r = float(text)
-    except ValueError:
-        r = float("nan")
-    if not 0 < r <= 1:
-        raise ValueError(f"codec {spec!r}: RATIO must be a number in (0, 1], e.g. topk:0.01")
-    return r
-
-
 def parse(spec: str, error_feedback: bool = True) -> Codec:
-    """The codec a ``--compress`` spec names; ValueError with a one-line message for a bad spec."""
-    name, colon, arg = spec.partition(":")
-    if name not in NAMES:
-        raise ValueError(f"unknown codec {spec!r}: choose none, fp16, bf16, topk:RATIO, randomk:RATIO, onebit "
-                         f"or (all-reduce family) powersgd:RANK")
-    if name in _RATIO:
-        if not colon:
-            raise ValueError(f"codec {spec!r} needs a ratio, e.g. {name}:0.01")
-        cls = TopK if name == "topk" else RandomK
-        return cls(_ratio(spec, arg), error_feedback)
-    if colon:
-        raise ValueError(f"codec {name} takes no argument, got {spec!r}")
+    """The codec a ``--compress`` spec names; ValueError with a one-line message for a bad spec
+    (``spec.check_spec``; PowerSGD is not a ``Codec``: ``sync/powersgd.py``)."""
+    name = check_spec(spec)
+    if name == POWERSGD:
+        raise ValueError(f"--compress {spec}: PowerSGD is a reducer of the all-reduce family, not a codec")
+    if name in RATIO:
+        return (TopK if name == "topk" else RandomK)(ratio(spec), error_feedback)
     if name == "onebit":
         return OneBit(error_feedback)
     if name == NONE:
         return Identity()
     return Cast(name, torch.float16 if name == "fp16" else torch.bfloat16)
-
-
-# PowerSGD (Vogels et al., NeurIPS 2019) is not a Codec: it compresses a whole bucket of matrices with
-# two all-reduces and warm-started state (``sync/powersgd.py`` for allreduce and ring; ``ddp`` uses
-# torch's own comm hook as is). Its spec is checked here so config validates every ``--compress`` in one place.
-POWERSGD = "powersgd"
-
-
-def powersgd_rank(spec: str) -> int:
-    """``powersgd:RANK`` -> RANK (an integer >= 1); a one-line ValueError otherwise."""
-    _, _, rank = spec.partition(":")
-    try:
-        r = int(rank)
-    except ValueError:
-        r = 0
-    if r < 1:
-        raise ValueError(f"--compress {spec!r}: PowerSGD needs an integer rank >= 1, e.g. powersgd:1 or "
-                         "powersgd:4")
-    return r
-
-
-def check_spec(spec: str) -> None:
-    """ValueError (one line) unless ``spec`` is a codec ``parse`` knows or ``powersgd:RANK``."""
-    if spec.partition(":")[0] == POWERSGD:
-        powersgd_rank(spec)
-    else:
-        parse(spec)

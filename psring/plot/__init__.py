@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..compress.codecs import NONE
+from ..compress.spec import NONE
 from ..strategies import uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..compress.codecs import NONE
+from ..compress.spec import NONE
 from ..config import OptimConfig
 from ..strategies import attr, is_baseline
 from .common import HOLLOW_NOTE, new_figure, saturated, setting_key

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..strategies import attr, is_baseline, uses_servers
-from ..compress.codecs import NONE
+from ..compress.spec import NONE
 from .common import new_figure, strategy_color
 from .compression import by_label, codec_color, mean_curve, run_label
 

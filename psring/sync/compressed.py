@@ -37,7 +37,7 @@ STATE_KEY = "compress"  # this reducer's entry in a checkpoint's sync state
 
 def wrap(inner: Reducer, pg: ProcessGroupInfo, spec: str, error_feedback: bool = True) -> Reducer:
     """``inner`` with the codec ``spec``: PowerSGD (``sync.powersgd``) or any codec of ``compress``."""
-    from ..compress.codecs import POWERSGD
+    from ..compress.spec import POWERSGD
 
     if spec.partition(":")[0] == POWERSGD:
         from .powersgd import PowerSGDReducer

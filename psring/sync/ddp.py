@@ -25,7 +25,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from ..compress.codecs import NONE, POWERSGD, powersgd_rank
+from ..compress.spec import NONE, POWERSGD, powersgd_rank
 from ..config import OptimConfig
 from .allreduce import ring_bytes_per_worker
 from .base import Synchronizer, SyncStats, grad_bytes, make_local_optimizer, timed_update

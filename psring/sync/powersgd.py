@@ -28,7 +28,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..compress.codecs import powersgd_rank
+from ..compress.spec import powersgd_rank
 from .buckets import Bucket
 from .compressed import Wrapped
 from .process_group import ProcessGroupInfo

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..fileio import torch_save_atomic
+
+if TYPE_CHECKING:
+    import torch
 
 FOLDER, FILE, PREVIOUS = "checkpoint", "checkpoint.pt", "previous.pt"
 MUST_MATCH = ("sync", "workers", "servers", "model", "ps_design", "consistency")
@@ -51,6 +53,8 @@ def save(out: Path, step: int, model: torch.nn.Module, sync_state: dict, config:
 
 
 def load(where: str | Path) -> dict:
+    import torch  # here, not at the top: the launcher reads checkpoints' steps and should not pay for torch
+
     path = path_of(where)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import zmq
 
 from ...auth import secure_server
-from ...compress.codecs import NONE
+from ...compress.spec import NONE
 from .encoded import pushed_keys
 from .optimizers import optim_header
 from .protocol import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...compress import parse
-from ...compress.codecs import NONE
+from ...compress.spec import NONE
 from ..buckets import Bucket, Space
 from .client import PSClient
 from .consistency import Semantics

@@ -24,7 +24,7 @@ from collections import Counter
 import torch
 
 from ...compress import Codec, parse
-from ...compress.codecs import NONE
+from ...compress.spec import NONE
 from .consistency import Clocks, Semantics, parse_semantics
 from .encoded import decode_push, sparse_sum
 from .optimizers import check_opt_state, make_server_optimizer, parse_optim, state_kinds
