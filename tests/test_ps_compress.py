@@ -5,10 +5,10 @@ nothing), the exact sum of sparse pushes and the low-precision mean reply of the
 the configuration's refusals (error feedback with checkpoints, PowerSGD)."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
+from test_compressed import max_rel_diff, records
 
 from psring.compress import CodecState, Encoded, parse
 from psring.config import ConfigError, TrainConfig
@@ -36,14 +36,6 @@ def train_args(out, codec=None, design="server-optimizer", steps=STEPS, extra=()
             "--model", "cnn", "--batch-size", str(B), "--steps", str(steps), "--seed", "3", "--num-samples",
             "512", "--lr", "0.05", "--bucket-mb", str(BUCKET_MB), "--out", str(out)]
     return args + (["--compress", codec] if codec else []) + list(extra)
-
-
-def max_rel_diff(a: dict, b: dict) -> float:
-    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in a)
-
-
-def records(run) -> list[dict]:
-    return [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines() if line.strip()]
 
 
 def chunk_numels() -> list[int]:

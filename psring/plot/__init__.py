@@ -94,9 +94,9 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_message_size(load_bench(b), link, calibration_note=note), out,
                         _stem("message_size", folder, b), formats)
 
-    if accuracy_runs(folder):  # runs that measured held-out accuracy (e.g. experiments/convergence.toml)
-        written += save(figure_convergence(folder), out, "convergence", formats)
-        acc = accuracy_runs(folder)
+    acc = accuracy_runs(folder)  # runs that measured held-out accuracy (e.g. experiments/convergence.toml)
+    if acc:
+        written += save(figure_convergence(folder, acc), out, "convergence", formats)
         if len({c.get("compress", NONE) for c, _, _ in acc}) > 1:  # experiments/compression.toml
             written += save(figure_time_to_accuracy(acc), out, "time_to_accuracy", formats)
 

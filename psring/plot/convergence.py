@@ -49,8 +49,9 @@ def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
     return found
 
 
-def figure_convergence(folder: Path):
-    runs = accuracy_runs(folder)
+def figure_convergence(folder: Path, runs: list[tuple[dict, pd.DataFrame, dict]] | None = None):
+    """``runs``: ``accuracy_runs(folder)`` when the caller already read them."""
+    runs = accuracy_runs(folder) if runs is None else runs
     if not runs:
         raise ValueError(f"{folder}: no run with test accuracy (test_acc) in its steps.jsonl")
     fig, axes = new_figure(15, 4.6, ncols=3)
