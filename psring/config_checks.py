@@ -47,18 +47,13 @@ def compress_spec(v: str) -> str | None:
 def check_compress(cfg) -> None:
     """The codec's name is one the strategy takes (``Strategy.codecs``)."""
     from . import strategies
-    from .compress.spec import NONE, POWERSGD, has_feedback
+    from .compress.spec import NONE, POWERSGD
 
     name = cfg.compress.partition(":")[0]
     takes = strategies.get(cfg.sync).codecs
     if name != NONE and name not in takes:
         offer = f"takes {', '.join(takes)} or none" if takes else "takes no codec (only none)"
         raise ConfigError(f"--compress {cfg.compress}: --sync {cfg.sync} {offer}")
-    if strategies.uses_servers(cfg.sync) and has_feedback(cfg.compress, cfg.error_feedback) and \
-            (cfg.checkpoint_every or cfg.resume):
-        raise ConfigError(f"--compress {cfg.compress}: checkpoints of --sync {cfg.sync} with error feedback are not "
-                          f"supported (each worker's residuals stay on it); add --no-error-feedback, or drop "
-                          f"--checkpoint-every/--resume")
     # ddp's PowerSGD is torch's hook, whose state cannot be restored exactly; the reducers' own
     # (sync/powersgd.py) checkpoints its state. Refused here, before anything starts, not at step K.
     if name == POWERSGD and strategies.get(cfg.sync).reducer is None and (cfg.checkpoint_every or cfg.resume):

@@ -66,11 +66,18 @@ class Synchronizer(ABC):
         self.rank, self.world, self.device = rank, world, device
         self.clock = PhaseClock(device)  # device-synchronizing clock for the strategy's own sub-phases
         self.resume: tuple[dict, int] | None = None  # (state_dict() of a checkpoint, first step to run)
+        self.resume_rank: dict | None = None  # what this rank's rank_state() returned then, if it saved one
 
-    def resume_from(self, state: dict, step: int) -> None:
+    def resume_from(self, state: dict, step: int, rank_state: dict | None = None) -> None:
         """Before ``attach``: continue a run at ``step`` from ``state`` (what ``state_dict`` returned when
-        the checkpoint was written; the model's parameters are already loaded)."""
-        self.resume = (state, step)
+        the checkpoint was written; the model's parameters are already loaded) and this rank's
+        ``rank_state`` then (None: it saved none)."""
+        self.resume, self.resume_rank = (state, step), rank_state
+
+    def rank_state(self) -> dict:
+        """What only this rank holds and a checkpoint needs (every rank calls it, between steps; each
+        writes its own file): {} for most strategies, whose state is rank 0's or gathered in ``state_dict``."""
+        return {}
 
     def state_dict(self) -> dict:
         """What a checkpoint needs besides the model: the optimizer's state, wherever it lives (here, a

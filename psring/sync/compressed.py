@@ -65,7 +65,7 @@ class Wrapped(Reducer):
         return self.inner.ranges(layout, cap_bytes, first_cap_bytes)
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
-        self.inner.resume = self.resume
+        self.inner.resume, self.inner.resume_rank = self.resume, self.resume_rank
         self.inner.attach(model, buckets)
 
     def take_messages(self) -> list:

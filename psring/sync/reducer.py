@@ -112,6 +112,7 @@ class Reducer(ABC):
         self.rank, self.world, self.device = rank, world, device
         self.comm: CommThread | None = None  # set by ``ReduceSync`` (``use_comm``) when ``uses_thread``
         self.resume: tuple[dict, int] | None = None  # set by ``ReduceSync`` before ``attach`` when resuming
+        self.resume_rank: dict | None = None  # likewise: this rank's ``rank_state`` of the checkpoint
 
     def use_comm(self, thread: CommThread | None) -> None:
         """Run on ``thread`` (None: it was closed). A reducer that wraps another hands it on."""
@@ -153,6 +154,10 @@ class Reducer(ABC):
         """What a checkpoint needs from the reducer besides the local optimizer (e.g. the PS servers')."""
         return {}
 
+    def rank_state(self) -> dict:
+        """``Synchronizer.rank_state``: what only this rank holds (e.g. a PS worker's residuals)."""
+        return {}
+
     def close(self) -> None:
         """Release what ``attach`` set up."""
 
@@ -175,7 +180,7 @@ class ReduceSync(Synchronizer):
                                    self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
-        self.reducer.resume = self.resume
+        self.reducer.resume, self.reducer.resume_rank = self.resume, self.resume_rank
         self.reducer.attach(model, self.buckets.buckets)
         self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                               grad_divisor=self.world)
@@ -216,6 +221,9 @@ class ReduceSync(Synchronizer):
         if self.inflight or self.deferred:
             raise RuntimeError(f"{self.name}: state_dict between steps only (gradients are on their way)")
         return {**self.reducer.state_dict(), **super().state_dict()}
+
+    def rank_state(self) -> dict:
+        return self.reducer.rank_state()
 
     def close(self) -> None:
         if self.reducer.comm is not None:

@@ -7,7 +7,12 @@ and renamed over the previous one, so a run killed at any moment leaves either t
 checkpoint, never half of one. The one before it stays as ``previous.pt``: rank 0 writes a checkpoint
 as soon as its own step is done, so another worker killed at that moment may not have logged that step
 yet; the launcher's restart (``--max-restarts``) then resumes from the previous one, and the run's
-records still hold every step once per worker. Loading uses ``torch.load(weights_only=True)``: tensors
+records still hold every step once per worker.
+
+What only one rank holds (a PS worker's error-feedback residuals: ``Synchronizer.rank_state``) is
+written by that rank beside it, ``checkpoint/rankR.pt`` (and ``rankR.previous.pt``), each rank before it
+logs the step, so the checkpoint the launcher restarts from (one whose step every worker logged) has
+every rank's file. Loading uses ``torch.load(weights_only=True)``: tensors
 and plain values only, no pickled code.
 
 Resuming a BSP run continues bit for bit: the data order and augmentation are functions of the step,
@@ -50,6 +55,37 @@ def save(out: Path, step: int, model: torch.nn.Module, sync_state: dict, config:
     state = {"step": step, "time": time.time(), "model": model.state_dict(), "sync": sync_state,
              "config": {k: config.get(k) for k in MUST_MATCH}}
     return torch_save_atomic(state, folder / FILE, keep_previous=folder / PREVIOUS)
+
+
+def rank_files(rank: int) -> tuple[str, str]:
+    return f"rank{rank}.pt", f"rank{rank}.previous.pt"
+
+
+def save_rank(out: Path, step: int, rank: int, state: dict) -> Path:
+    """This rank's own part of the checkpoint after ``step`` (``load_rank`` finds it by step)."""
+    folder = Path(out) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    cur, prev = rank_files(rank)
+    return torch_save_atomic({"step": step, "rank": rank, "state": state}, folder / cur, keep_previous=folder / prev)
+
+
+def load_rank(where: str | Path, rank: int, step: int) -> dict | None:
+    """What rank ``rank`` saved after ``step`` beside the checkpoint in ``where``; None if it saved none
+    (the synchronizer that needs one says so)."""
+    import torch
+
+    folder = path_of(where).parent
+    for name in rank_files(rank):
+        f = folder / name
+        if not f.is_file():
+            continue
+        try:
+            d = torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torn or foreign: one line
+            raise CheckpointError(f"cannot read {f}: {type(e).__name__}: {e}") from None
+        if isinstance(d, dict) and d.get("step") == step and d.get("rank") == rank:
+            return d["state"]
+    return None
 
 
 def load(where: str | Path) -> dict:

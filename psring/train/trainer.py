@@ -94,11 +94,13 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
                              st.messages if cfg.trace else None, epoch=epoch, test_acc=acc,
                              wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx,
                              cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
+            # before the step is logged: a restart resumes from a checkpoint whose step every worker logged,
+            # so every rank's own file of it (checkpoint.save_rank) is then written too
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+                save_checkpoint(cfg, sync, rank, out, step, model)
             log.write(rec)
             if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
                 print_step(rec, cfg)
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-                save_checkpoint(cfg, sync, rank, out, step, model)
     if rank == 0:
         save_model(getattr(model, "module", model), out / "model.pt")
 
@@ -111,13 +113,16 @@ def attach_model(cfg: TrainConfig, sync) -> tuple[torch.nn.Module, int]:
         ckpt = checkpoint.load(cfg.resume)
         model.load_state_dict(ckpt["model"])
         start = ckpt["step"] + 1
-        sync.resume_from(ckpt["sync"], start)
+        sync.resume_from(ckpt["sync"], start, checkpoint.load_rank(cfg.resume, sync.rank, ckpt["step"]))
     model = sync.attach(model.to(sync.device))
     model.train()
     return model, start
 
 
 def save_checkpoint(cfg: TrainConfig, sync, rank: int, out: Path, step: int, model: torch.nn.Module) -> None:
+    own = sync.rank_state()  # what only this rank holds (a PS worker's residuals): its own file
+    if own:
+        checkpoint.save_rank(out, step, rank, own)
     state = sync.state_dict()  # ps: rank 0 fetches the servers' shards; others return {}
     if rank == 0:
         checkpoint.save(out, step, getattr(model, "module", model), state, cfg.to_dict())

@@ -59,7 +59,8 @@ class PSAggregate(Reducer):
         self.client, self.tr = session.open_worker(
             self.layout, buckets, rank=self.rank, device=self.device, addrs=self.addrs, timeout_s=self.timeout_s,
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
-            semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback)
+            semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
+            resume_rank=self.resume_rank)
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec
         self.scale = self.world if codec is not None and codec.dense else 1
@@ -105,6 +106,10 @@ class PSAggregate(Reducer):
         if self.rank != 0:
             return {}
         return session.servers_state(self.client, self.layout, [b for mine in self.tr.chunks for b in mine])
+
+    def rank_state(self) -> dict:
+        """This worker's error-feedback residuals (``session.feedback_state``)."""
+        return session.feedback_state(self.tr, self.layout, self.compress)
 
     def close(self) -> None:
         if self.client is not None:

@@ -6,7 +6,9 @@ and the consistency model; every worker then pulls the start version, so all sta
 copy. Resuming, rank 0 inits every server with the model's parameters (loaded from the checkpoint),
 the saved optimizer state cut into its chunks, and the version of the step to continue at. State is
 kept by parameter name, so the number of servers (and the chunking) may differ from the checkpointed
-run's.
+run's. A worker's error-feedback residuals (``--compress`` with error feedback) are its own
+(``feedback_state``, written per rank): one flat vector per parameter space, cut into whatever chunks the
+resumed run has (``load_feedback``).
 """
 from __future__ import annotations
 
@@ -84,11 +86,11 @@ def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bu
 def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device: torch.device, addrs: list[str],
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
                 semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
-                error_feedback: bool = True) -> tuple[PSClient, ChunkTransport]:
+                error_feedback: bool = True, resume_rank: dict | None = None) -> tuple[PSClient, ChunkTransport]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
-    step whose byte counts begin after it."""
+    step whose byte counts begin after it. ``resume_rank``: this rank's ``feedback_state`` of the checkpoint."""
     aggregate = semantics.design == "aggregate"
     client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
     codec = None if compress == NONE else parse(compress, error_feedback)
@@ -101,8 +103,39 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
     tr.step = start_step
     for st in tr.states.values():  # a random codec draws from (seed, step): a resumed run draws the same
         st.steps = start_step
+    if resume is not None and codec is not None and codec.error_feedback:
+        load_feedback(tr, layout, resume_rank, compress, rank, start_step)
     tr.new_step()  # the init and the start pull are not step 0's bytes
     return client, tr
+
+
+def feedback_state(tr: ChunkTransport, layout: list[Space], compress: str) -> dict:
+    """This worker's error-feedback residuals, one float32 vector per parameter space ({} without them)."""
+    if tr.codec is None or not tr.codec.error_feedback:
+        return {}
+    spaces = [torch.zeros(sp.numel, dtype=torch.float32) for sp in layout]
+    for mine in tr.chunks:
+        for b in mine:
+            res = tr.states[b.index].residual
+            if res is not None:
+                spaces[b.space][b.start:b.end].copy_(res.detach().to("cpu", torch.float32).reshape(-1))
+    return {"codec": compress, "residuals": spaces}
+
+
+def load_feedback(tr: ChunkTransport, layout: list[Space], saved: dict | None, compress: str, rank: int,
+                  step: int) -> None:
+    if not saved:
+        raise ValueError(f"resuming --compress {compress} with error feedback needs rank {rank}'s residuals "
+                         f"after step {step - 1} (checkpoint/rank{rank}.pt beside checkpoint.pt), and there are none")
+    if saved["codec"] != compress:
+        raise ValueError(f"the checkpoint was written with --compress {saved['codec']}, this run has "
+                         f"--compress {compress}")
+    res = saved["residuals"]
+    if [r.numel() for r in res] != [sp.numel for sp in layout]:
+        raise ValueError("the checkpoint's residuals do not fit this model's parameters")
+    for mine in tr.chunks:
+        for b in mine:
+            tr.states[b.index].residual = res[b.space][b.start:b.end].to(tr.device).clone()
 
 
 def frame_bytes(frame_kb: int) -> int | None:

@@ -70,7 +70,8 @@ class PSSync(Synchronizer):
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
-            error_feedback=self.error_feedback)
+            error_feedback=self.error_feedback,
+            resume_rank=self.resume_rank)
         self.deferred: list[Bucket] = []
         return model
 
@@ -88,6 +89,10 @@ class PSSync(Synchronizer):
         if self.tr.inflight or self.deferred:
             raise RuntimeError("PSSync.state_dict between steps only (this step's gradients are on their way)")
         return session.servers_state(self.client, self.layout, self.buckets.buckets)
+
+    def rank_state(self) -> dict:
+        """This worker's error-feedback residuals (``session.feedback_state``; {} without a codec that keeps them)."""
+        return session.feedback_state(self.tr, self.layout, self.compress)
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap:
