@@ -11,6 +11,9 @@ sweep's ``runs.csv`` on emulated links:
   ``sharding.chunk_bytes`` fits them as the run did);
 * any other model: its ``costmodel.STRATEGIES`` formula; a strategy without one (``none``): no bound.
 
+With G workers per host (``workers_per_host``) the models take G (``per_host``): the host link is
+what is shared; the PS's placement (``ps_placement``) picks dedicated, colocated or BytePS's mixed one.
+
 B is the emulated rate at TCP's payload share (``costmodel.TCP_GOODPUT``), alpha a calibration's.
 Example::
 
@@ -81,10 +84,22 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     model = cost_model(row["sync"])
     if model is None:
         return math.nan
+    g = per_host(row)
     if model != cm.PS_MODEL:
-        return cm.STRATEGIES[model](n, m_bytes, w, server_link=s_link)
+        return cm.STRATEGIES[model](n, m_bytes, w, server_link=s_link, per_host=g)
     s = int(row["servers"])
-    return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=ps_chunks_per_server(row, n, s, m_bytes))
+    placement = row.get("ps_placement") if isinstance(row.get("ps_placement"), str) else "dedicated"
+    k = ps_chunks_per_server(row, n, s, m_bytes)
+    if placement == "dedicated":
+        return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=k, per_host=g)
+    return cm.STRATEGIES[cm.PS_MODEL](n, m_bytes, w, servers=s, per_host=g, placement=placement,
+                                      **({"chunks_per_server": k} if placement == "mixed" else {}))
+
+
+def per_host(row) -> int:
+    """G of an emulated run's row (``workers_per_host``, 0 or absent: one worker per host)."""
+    g = row.get("workers_per_host")
+    return int(g) if is_num(g) and int(g) > 0 else 1
 
 
 def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None = None) -> pd.DataFrame:

@@ -30,6 +30,7 @@ PARTITIONS = ("uniform", "stratified", "random")
 CONSISTENCY = ("bsp", "ssp", "asp")
 PS_DESIGNS = ("server-optimizer", "aggregate")
 NETS = ("loopback", "emulated")
+PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
 # the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
@@ -149,6 +150,14 @@ class TrainConfig:
                         metavar="CODEC", check=checks.compress_spec)
     error_feedback: bool = opt(True, "drop error feedback (the residual a sparse or 1-bit codec carries to "
                                "the next step)", section="compression")
+    # topology last, likewise
+    ps_placement: str = opt("dedicated", "where PS servers run: dedicated (hosts of their own), colocated (one "
+                            "on each worker host: --servers H), mixed (one on each worker host plus "
+                            "--servers - H dedicated, loads split by BytePS's optimum)", section="ps",
+                            choices=PS_PLACEMENTS)
+    workers_per_host: int = opt(0, "workers per host G: they share the host's one link and reach each other "
+                                "inside it (0: all on this one host on loopback, one per host with --net "
+                                "emulated)", section="run", check=at_least(0, " (0 = automatic)"))
 
     @property
     def samples(self) -> int:
@@ -158,6 +167,17 @@ class TrainConfig:
     @property
     def global_batch(self) -> int:
         return self.batch_size * self.workers
+
+    @property
+    def per_host(self) -> int:
+        """G, the workers on each host (``--workers-per-host``, resolved; at most N)."""
+        g = self.workers_per_host or (1 if self.net == "emulated" else self.workers)
+        return min(g, self.workers)
+
+    @property
+    def hosts(self) -> int:
+        """H = N / G, the hosts the workers are on."""
+        return self.workers // self.per_host
 
     def resolved_threads(self) -> int:
         if self.threads > 0:
@@ -182,6 +202,9 @@ class TrainConfig:
                 f"exceeds the data set's {self.samples} samples; lower one or raise --num-samples"
             )
         self._check_straggler()
+        if self.workers % self.per_host:
+            raise ConfigError(f"--workers {self.workers} is not a multiple of --workers-per-host {self.per_host}: "
+                              f"every host runs the same number of workers (as torchrun's --nproc-per-node)")
         checks.check_compress(self)
         for section in s.options:
             SECTION_CHECKS.get(section, lambda cfg: None)(self)

@@ -62,6 +62,19 @@ def check_compress(cfg) -> None:
                           f"--sync allreduce (its own PowerSGD checkpoints)")
 
 
+def check_placement(cfg) -> None:
+    """``--ps-placement``: colocated is one server on each of the H worker hosts; mixed adds k = S - H
+    dedicated ones, 0 < k < H (from k = H on, BytePS's optimum gives the colocated ones nothing)."""
+    h = cfg.hosts
+    if cfg.ps_placement == "colocated" and cfg.servers != h:
+        raise ConfigError(f"--ps-placement colocated runs one server on each of the {h} worker hosts: "
+                          f"use --servers {h} (got {cfg.servers})")
+    if cfg.ps_placement == "mixed" and not h < cfg.servers < 2 * h:
+        raise ConfigError(f"--ps-placement mixed runs one server on each of the {h} worker hosts plus k "
+                          f"dedicated ones, 1 <= k < {h}: use --servers {h + 1} to {2 * h - 1} "
+                          f"(got {cfg.servers}); with k >= {h} use --ps-placement dedicated")
+
+
 def check_ps(cfg) -> None:
     """The servers' own rules, here before anything starts: the design/consistency/staleness combination
     (``consistency.check_semantics``, which every server applies to its init) and the shard plan
@@ -72,13 +85,16 @@ def check_ps(cfg) -> None:
     from .sync.buckets import flat_layout, space_sizes
     from .sync.ps.consistency import check_semantics
     from .sync.ps.sharding import plan_chunks
+    from .topology import server_shares
     from .train.models import build_model
 
+    check_placement(cfg)
     try:
         check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
         with torch.device("meta"):
             model = build_model(cfg.model, 0)
         sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
-        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20))
+        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20),
+                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
     except ValueError as e:
         raise ConfigError(str(e)) from None

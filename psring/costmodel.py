@@ -91,12 +91,14 @@ def ring_allreduce(n: int, m_bytes: float, link: Link) -> float:
 
 
 def ps(n: int, servers: int, m_bytes: float, worker_link: Link, server_link: Link | None = None,
-       overlap: bool = False, chunks_per_server: int | None = None) -> float:
+       overlap: bool = False, chunks_per_server: int | None = None, per_host: int = 1) -> float:
     """Parameter server on ``servers`` dedicated hosts, each holding 1/S of the parameters.
 
     Per step each worker pushes M (split over the servers) and pulls M back: its link carries M each
     way; each server receives N*M/S and sends N*M/S. The bandwidth bound of one direction is the
-    slowest link's, ``T = max(M/B_w, N*M/(S*B_s))``.
+    slowest link's, ``T = max(M/B_w, N*M/(S*B_s))``. With ``per_host`` = G workers sharing a host's
+    link (each pushes its own gradients: no aggregation inside the host), that link carries G*M:
+    ``T = max(G*M/B_w, N*M/(S*B_s))``.
 
     * Sequential (the default): push, then pull (BSP: a pull is answered once every push is in):
       ``2 * (alpha + T)``.
@@ -115,27 +117,88 @@ def ps(n: int, servers: int, m_bytes: float, worker_link: Link, server_link: Lin
     if n <= 1:
         return 0.0
     server_link = server_link or worker_link
-    bw = max(m_bytes / worker_link.bandwidth_Bps, n * m_bytes / (servers * server_link.bandwidth_Bps))
+    bw = max(per_host * m_bytes / worker_link.bandwidth_Bps, n * m_bytes / (servers * server_link.bandwidth_Bps))
     if chunks_per_server:
         return 2 * worker_link.alpha_s + bw * (1 + 1 / chunks_per_server)
     return 2 * worker_link.alpha_s + (1 if overlap else 2) * bw
 
 
-def ps_colocated(n: int, m_bytes: float, link: Link) -> float:
-    """A PS shard of M/N on every worker host (ps-lite/BytePS colocated mode).
+def ps_colocated(n: int, m_bytes: float, link: Link, per_host: int = 1) -> float:
+    """A PS shard of M/H on every one of the H = N/G worker hosts (ps-lite/BytePS colocated mode).
 
-    Push: a host sends the (N-1) shards it does not hold, (N-1)/N*M, and at the same time receives
-    (N-1) pushes of M/N for its own shard, (N-1)/N*M; the pull mirrors it. Messages to the N-1 peers
-    are in flight together, so each phase costs one alpha, as in ``ps``:
-    ``2 alpha + 2(N-1)/N * M/B`` - the bandwidth term of ring all-reduce (as BytePS notes). Charging
-    alpha per message instead (one send at a time) gives ``2(N-1) alpha``, ring's latency term too.
+    With G = 1: a host sends the (N-1) shards it does not hold and its server's replies to the N-1
+    others, 2(N-1)/N*M, and receives as much: ``2 alpha + 2(N-1)/N * M/B``, ring all-reduce's bandwidth
+    term (as BytePS notes); pushes and replies leave by the same link, so pipelining cannot shorten it.
+    Messages to the N-1 peers are in flight together: one alpha per phase, as in ``ps``.
+    With G workers per host, each pushing its own gradients, the host link carries G times that:
+    ``2 alpha + 2 G (H-1)/H * M/B``.
 
-    >>> round(ps_colocated(4, 1e8, Link(1e-4, 1e8)), 6)  # 2*1e-4 + 2*3/4*1
-    1.5002
+    >>> [round(ps_colocated(n, 1e8, Link(1e-4, 1e8), g), 6) for n, g in ((4, 1), (8, 2))]  # 2e-4 + 2G*3/4
+    [1.5002, 3.0002]
     """
-    if n <= 1:
+    hosts = n // per_host
+    if hosts <= 1:
         return 0.0
-    return 2 * link.alpha_s + 2 * (n - 1) / n * m_bytes / link.bandwidth_Bps
+    return 2 * link.alpha_s + 2 * per_host * (hosts - 1) / hosts * m_bytes / link.bandwidth_Bps
+
+
+def unified_split(n: int, k: int) -> float:
+    """BytePS's optimal share x of the gradients for k dedicated (CPU) server hosts beside n worker
+    hosts that each run a colocated server (Jiang et al., OSDI 2020, section 3.1; derived here):
+
+    A worker host's link carries, each way, x*M for the dedicated servers plus 2y(n-1)/n * M for the
+    share y = 1 - x of the colocated ones (pushes to the n-1 others, its server's replies to them); a
+    dedicated host's, n*x*M/k. Equal loads, ``x + 2(1-x)(n-1)/n = n x / k``, give the optimum
+    ``x = 2k(n-1) / (n^2 + kn - 2k)``; for k >= n, x = 1.
+
+    >>> unified_split(4, 0), unified_split(4, 2), unified_split(4, 4)
+    (0.0, 0.6, 1.0)
+    """
+    if k <= 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return 2 * k * (n - 1) / (n * n + k * n - 2 * k)
+
+
+def ps_unified(hosts: int, k: int, m_bytes: float, link: Link, per_host: int = 1,
+               chunks_per_server: int | None = None) -> float:
+    """BytePS's unified architecture: colocated servers on the ``hosts`` worker hosts and ``k``
+    dedicated server hosts, the load split by ``unified_split``. The busiest link carries, each way,
+    ``T = 2 n (n-1) / (n^2 + kn - 2k) * G*M / B`` (n = hosts; G*M: what a host's G workers push);
+    pipelined as in ``ps``: ``2 alpha + T (1 + 1/c)`` with c chunks per server (T alone without).
+    At k = 0 this is ring all-reduce's bandwidth term, 2(n-1)/n * M/B; at k = n the dedicated PS's with
+    S = n, M/B (BytePS's two endpoints).
+
+    >>> [round(ps_unified(4, k, 1e8, Link(0.0, 1e8)), 6) for k in (0, 2, 4)]  # ring 1.5; 24/20; S=n PS 1.0
+    [1.5, 1.2, 1.0]
+    """
+    n = hosts
+    if n * per_host <= 1:
+        return 0.0
+    x = unified_split(n, k)
+    worker_side = x + 2 * (1 - x) * (n - 1) / n
+    server_side = n * x / k if k else 0.0
+    t = max(worker_side, server_side) * per_host * m_bytes / link.bandwidth_Bps
+    return 2 * link.alpha_s + t * (1 + 1 / chunks_per_server if chunks_per_server else 1)
+
+
+def hierarchical(n: int, m_bytes: float, link: Link, per_host: int = 1, intra: Link | None = None) -> float:
+    """Hierarchical all-reduce (``sync/hierarchical.py``), N = H*G workers, G per host: G rings of M/G
+    across the H hosts at once share the host link, ``2(H-1) alpha + 2(H-1)/H * M/B``; inside a host,
+    on ``intra`` (NVLink/PCIe; None: free, an emulated host's loopback), ``2(G-1) alpha_i + 2(G-1)/G *
+    M/B_i`` more. A flat ring over the N ranks, consecutive per host, is ``ring_allreduce(N)``: each
+    host link carries one ring edge, 2(N-1)/N * M, in 2(N-1) steps.
+
+    >>> L = Link(1e-4, 1e8)
+    >>> round(hierarchical(8, 1e8, L, per_host=2), 6), round(ring_allreduce(8, 1e8, L), 6)
+    (1.5006, 1.7514)
+    """
+    hosts = n // per_host
+    t = ring_allreduce(hosts, m_bytes, link)
+    if intra is not None and per_host > 1:
+        t += 2 * (per_host - 1) * intra.alpha_s + 2 * (per_host - 1) / per_host * m_bytes / intra.bandwidth_Bps
+    return t
 
 
 def tree_allreduce(n: int, m_bytes: float, link: Link) -> float:
@@ -192,25 +255,36 @@ def predicted_speedup(n: int, compute_s: float, sync: float | Callable[[int], fl
 
 
 # Every cost model under one signature, for plots that loop over them:
-#   STRATEGIES[model](n, m_bytes, link, servers=None, server_link=None) -> seconds
-# (PS_MODEL also takes chunks_per_server=k: the pipelined bound instead of the sequential one). A
-# strategy names its model in the registry (``strategies.Strategy.cost_model``); these keys are models.
+#   STRATEGIES[model](n, m_bytes, link, servers=None, server_link=None, per_host=1) -> seconds
+# (PS_MODEL also takes chunks_per_server=k: the pipelined bound instead of the sequential one, and
+# placement: "dedicated", "colocated" or "mixed", whose servers are then H colocated plus S - H
+# dedicated). A strategy names its model in the registry (``strategies.Strategy.cost_model``); these
+# keys are models.
 CostModel = Callable[..., float]
 RING_MODEL = "allreduce"  # ring all-reduce (``ring_allreduce``)
-PS_MODEL = "ps"  # the parameter server on dedicated hosts (``ps``)
+PS_MODEL = "ps"  # the parameter server (``ps``; ``ps_colocated``, ``ps_unified`` by placement)
+HIERARCHICAL_MODEL = "two_level"  # reduce inside hosts, ring across them (``hierarchical``)
 
 
-def _ps(n, m_bytes, link, servers=None, server_link=None, chunks_per_server=None):
-    return ps(n, servers or 1, m_bytes, link, server_link, chunks_per_server=chunks_per_server)
+def _ps(n, m_bytes, link, servers=None, server_link=None, chunks_per_server=None, per_host=1,
+        placement="dedicated"):
+    if placement == "colocated":
+        return ps_colocated(n, m_bytes, link, per_host)
+    if placement == "mixed":
+        return ps_unified(n // per_host, (servers or 0) - n // per_host, m_bytes, link, per_host, chunks_per_server)
+    return ps(n, servers or 1, m_bytes, link, server_link, chunks_per_server=chunks_per_server, per_host=per_host)
 
 
 STRATEGIES: dict[str, CostModel] = {
-    RING_MODEL: lambda n, m_bytes, link, servers=None, server_link=None: ring_allreduce(n, m_bytes, link),
+    RING_MODEL: lambda n, m_bytes, link, servers=None, server_link=None, per_host=1: ring_allreduce(n, m_bytes, link),
     PS_MODEL: _ps,  # servers=None means one server
-    "ps_colocated": lambda n, m_bytes, link, servers=None, server_link=None: ps_colocated(n, m_bytes, link),
-    "tree": lambda n, m_bytes, link, servers=None, server_link=None: tree_allreduce(n, m_bytes, link),
+    "ps_colocated":
+        lambda n, m_bytes, link, servers=None, server_link=None, per_host=1: ps_colocated(n, m_bytes, link, per_host),
+    HIERARCHICAL_MODEL:
+        lambda n, m_bytes, link, servers=None, server_link=None, per_host=1: hierarchical(n, m_bytes, link, per_host),
+    "tree": lambda n, m_bytes, link, servers=None, server_link=None, per_host=1: tree_allreduce(n, m_bytes, link),
     "halving_doubling":
-        lambda n, m_bytes, link, servers=None, server_link=None: halving_doubling(n, m_bytes, link),
+        lambda n, m_bytes, link, servers=None, server_link=None, per_host=1: halving_doubling(n, m_bytes, link),
 }
 
 

@@ -88,6 +88,13 @@ def _ring_reducer(pg):
     return RingAllReduce(pg)
 
 
+def _hierarchical_reducer(pg):
+    from .sync.hierarchical import HierarchicalAllReduce
+    from .topology import local_world
+
+    return HierarchicalAllReduce(pg, local_world())
+
+
 def _reducing(name: str) -> Callable[[TrainConfig], Synchronizer]:
     """``build`` of a strategy of the reducer family: its reducer on this process's group, in ReduceSync;
     with ``--compress``, wrapped by the codec (``sync.compressed``)."""
@@ -115,13 +122,15 @@ def _ddp(cfg: TrainConfig) -> Synchronizer:
 def _ps(cfg: TrainConfig) -> Synchronizer:
     from .costmodel import emulated_links_Bps
     from .sync.ps.synchronizer import make_ps
+    from .topology import server_shares
 
     rank, world, device = _env()
     return make_ps(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
                    cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                    curve=cfg.curve, window=cfg.ps_window,
                    links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate),
-                   compress=cfg.compress, error_feedback=cfg.error_feedback)
+                   compress=cfg.compress, error_feedback=cfg.error_feedback,
+                   shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (
@@ -134,6 +143,10 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
     Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
              "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
              cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCE_CODECS),
+    Strategy("hierarchical", "reduce-scatter inside each host, all-reduce across hosts, all-gather inside "
+             "(--workers-per-host G)", "hierarchical", "tab:olive", _reducing("hierarchical"),
+             process_group=True, cost_model="two_level", bench_raw="raw_allreduce",
+             reducer=_hierarchical_reducer, codecs=REDUCE_CODECS),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False,
              codecs=("fp16", "bf16", "powersgd")),

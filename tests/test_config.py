@@ -24,7 +24,7 @@ KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_d
         "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "consistency", "staleness",
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
         "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
-        "compress", "error_feedback"]
+        "compress", "error_feedback", "ps_placement", "workers_per_host"]
 OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
 
 
@@ -129,7 +129,7 @@ def test_refusals_are_one_line(args, needle):
 
 # a value off the default for every option of the ps section
 OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "consistency": "ssp",
-       "staleness": 3, "ps_design": "aggregate", "curve": "keys"}
+       "staleness": 3, "ps_design": "aggregate", "curve": "keys", "ps_placement": "colocated"}
 
 
 @pytest.mark.parametrize("sync", [n for n in strategies.names() if "ps" not in strategies.get(n).options])

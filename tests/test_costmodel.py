@@ -11,6 +11,7 @@ from conftest import kill_mentioning, processes_mentioning
 
 from psring import calibrate as cal
 from psring import costmodel as cm
+from psring import topology
 from psring.costmodel import Link
 
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s
@@ -18,8 +19,39 @@ M = 1e8  # 100 MB: M/B = 1 s
 
 
 def test_doctests():
-    for mod in (cm, cal):
+    for mod in (cm, cal, topology):
         assert doctest.testmod(mod).failed == 0
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_unified_reduces_to_the_ring_at_k0_and_to_the_dedicated_ps_at_k_n(n):
+    assert cm.ps_unified(n, 0, M, L) == pytest.approx(cm.ring_allreduce(n, M, L) - 2 * (n - 1) * L.alpha_s
+                                                      + 2 * L.alpha_s)
+    assert cm.ps_unified(n, n, M, L) == pytest.approx(cm.ps(n, n, M, L, overlap=True))
+    for k in range(n + 1):  # more dedicated servers never slow a step
+        assert cm.ps_unified(n, k + 1, M, L) <= cm.ps_unified(n, k, M, L) + 1e-12
+
+
+@pytest.mark.parametrize("n,k", [(4, 1), (4, 2), (4, 3), (8, 3), (6, 5)])
+def test_unified_split_is_the_best_split(n, k):
+    """BytePS's x against every split on a fine grid: none has a less loaded busiest link."""
+    def busiest(x):
+        return max(x + 2 * (1 - x) * (n - 1) / n, n * x / k)
+    best = min(busiest(i / 10_000) for i in range(10_001))
+    assert busiest(cm.unified_split(n, k)) == pytest.approx(best, abs=1e-3)
+    assert cm.ps_unified(n, k, M, Link(0.0, 1e8)) == pytest.approx(busiest(cm.unified_split(n, k)))
+
+
+def test_hosts_of_several_workers():
+    # hierarchical, 4 hosts x 2: 2*3*1e-4 + 2*3/4*1; the flat ring over 8: 2*7*1e-4 + 2*7/8
+    assert cm.hierarchical(8, M, L, per_host=2) == pytest.approx(1.5006)
+    assert cm.hierarchical(8, M, L, per_host=1) == pytest.approx(cm.ring_allreduce(8, M, L))
+    assert cm.hierarchical(8, M, L, per_host=2, intra=Link(0.0, 1e9)) == pytest.approx(1.5006 + 0.1)
+    # G workers per host push G*M through the host's link: dedicated S=N is then link-bound at G*M/B
+    assert cm.ps(8, 8, M, L, overlap=True, per_host=2) == pytest.approx(2e-4 + 2.0)
+    assert cm.ps_colocated(8, M, L, per_host=2) == pytest.approx(2e-4 + 2 * 2 * 3 / 4)
+    assert cm.STRATEGIES["ps"](8, M, L, servers=6, per_host=2, placement="mixed") == \
+        pytest.approx(cm.ps_unified(4, 2, M, L, per_host=2))
 
 
 def test_ring():
@@ -81,9 +113,9 @@ def test_one_worker_needs_no_sync():
 
 
 def test_strategies_registry():
-    assert set(cm.STRATEGIES) == {"allreduce", "ps", "ps_colocated", "tree", "halving_doubling"}
+    assert set(cm.STRATEGIES) == {"allreduce", "ps", "ps_colocated", "two_level", "tree", "halving_doubling"}
     got = {k: f(4, M, L, servers=4) for k, f in cm.STRATEGIES.items()}
-    assert got == pytest.approx({"allreduce": 1.5006, "ps": 2.0002, "ps_colocated": 1.5002,
+    assert got == pytest.approx({"allreduce": 1.5006, "ps": 2.0002, "ps_colocated": 1.5002, "two_level": 1.5006,
                                  "tree": 4.0004, "halving_doubling": 1.5004})
     assert cm.STRATEGIES["ps"](4, M, L) == pytest.approx(8.0002)  # servers=None: one server
 

@@ -1,6 +1,7 @@
 """``psring train``: start every PS server and worker of a run on this machine, watch them, clean up.
 
-Workers get torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the
+Workers get torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT; the local ones per host of ``--workers-per-host``), so the
 same worker runs unchanged under torchrun on many hosts. If any process fails, every other one is
 stopped and the launcher exits non-zero naming the failed process (or, with ``max_restarts`` and a
 checkpoint, starts them all again from it); Ctrl-C stops everything too. Before anything starts, the
@@ -84,8 +85,8 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
     master = place.worker(0)[1]  # rank 0 hosts torch.distributed's TCP store
     workers = []
     for r in range(cfg.workers):
-        env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, LOCAL_RANK=r,
-                        LOCAL_WORLD_SIZE=cfg.workers, MASTER_ADDR=master, MASTER_PORT=port, **place.worker_env())
+        env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, MASTER_ADDR=master,
+                        MASTER_PORT=port, **place.worker_env(r))
         argv = place.worker(r)[0] + [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
         workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
                                   stdout_to_terminal=echo and r == 0))

@@ -3,13 +3,20 @@ its own emulated host (``--net emulated``: a network namespace behind a rate-lim
 ``psring.net``). The launcher asks a ``Placement`` for a process's command prefix, the address it binds
 or is reached at, and extra environment; nothing else in the launcher knows about namespaces.
 
-Host numbering in an emulated run: workers 0..N-1 are hosts 0..N-1, PS servers 0..S-1 hosts N..N+S-1.
+Host numbering in an emulated run: the N workers are on hosts 0..H-1, G = N/H on each
+(``--workers-per-host``: worker r on host r // G, ranks consecutive per host as torchrun numbers them),
+so the G workers of a host share its one shaped link and reach each other inside it (the kernel
+delivers traffic to an address of the same namespace over its loopback: unshaped, the stand-in for
+NVLink/PCIe). PS servers (``--ps-placement``): dedicated ones on hosts H, H+1, ... of their own;
+colocated ones, server i on worker host i, sharing that host's link; mixed: servers 0..H-1 colocated,
+the rest dedicated.
 """
 from __future__ import annotations
 
 from ..config import TrainConfig
 from ..metrics.wire import ENV as WIRE_ENV
 from ..net import EmulatedNetwork, check_available
+from ..topology import DEVICE_ENV
 from ..strategies import uses_servers
 
 LOOPBACK = "127.0.0.1"
@@ -18,38 +25,59 @@ LOOPBACK = "127.0.0.1"
 class Placement:
     def __init__(self, cfg: TrainConfig):
         self.cfg, self.net = cfg, None
+        self.worker_hosts = cfg.hosts
+        servers = cfg.servers if uses_servers(cfg.sync) else 0
+        colocated = {"dedicated": 0, "colocated": servers, "mixed": self.worker_hosts}[cfg.ps_placement] \
+            if servers else 0
+        self.colocated, self.dedicated = colocated, servers - colocated
         if cfg.net != "emulated":
             return
-        servers = cfg.servers if uses_servers(cfg.sync) else 0
-        overrides = {cfg.workers + i: cfg.server_link_rate for i in range(servers)} if cfg.server_link_rate else None
+        first = self.worker_hosts  # the first dedicated server host
+        overrides = {first + i: cfg.server_link_rate for i in range(self.dedicated)} if cfg.server_link_rate else None
         check_available()  # NetError (a ConfigError): one line, exit 2
-        self.net = EmulatedNetwork(cfg.workers + servers, cfg.link_rate, overrides, cfg.link_delay).open()
+        self.net = EmulatedNetwork(first + self.dedicated, cfg.link_rate, overrides, cfg.link_delay).open()
 
     def _host(self, i: int) -> tuple[list[str], str]:
         if self.net is None:
             return [], LOOPBACK
         return self.net.exec_prefix(i), self.net.hosts[i].addr
 
+    def worker_host(self, rank: int) -> int:
+        return rank // self.cfg.per_host
+
     def worker(self, rank: int) -> tuple[list[str], str]:
         """(command prefix, address) of worker ``rank``."""
-        return self._host(rank)
+        return self._host(self.worker_host(rank))
+
+    def server_host(self, i: int) -> int:
+        return i if i < self.colocated else self.worker_hosts + i - self.colocated
 
     def server(self, i: int) -> tuple[list[str], str]:
         """(command prefix, address to bind) of PS server ``i``."""
-        return self._host(self.cfg.workers + i)
+        return self._host(self.server_host(i))
 
-    def worker_env(self) -> dict:
-        # gloo picks an interface from the hostname's address, which inside a namespace is not eth0's
-        # PSRING_WIRE_IFACE: workers count their link's bytes per step (metrics/wire.py)
+    def worker_env(self, rank: int) -> dict:
+        """torchrun's per-node variables of worker ``rank`` (LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK: the
+        host's index), the device it takes on this machine, and on emulated hosts its interface."""
+        g = self.cfg.per_host
+        env = {"LOCAL_RANK": rank % g, "LOCAL_WORLD_SIZE": g, "GROUP_RANK": rank // g, DEVICE_ENV: rank}
         if self.net is None:
-            return {}
-        return {"GLOO_SOCKET_IFNAME": self.net.hosts[0].iface, WIRE_ENV: self.net.hosts[0].iface}
+            return env
+        # gloo picks an interface from the hostname's address, which inside a namespace is not eth0's
+        # PSRING_WIRE_IFACE: workers count their link's bytes per step (metrics/wire.py); a link shared
+        # by G workers is counted once, by the host's local rank 0
+        iface = self.net.hosts[0].iface
+        env["GLOO_SOCKET_IFNAME"] = iface
+        if rank % g == 0:
+            env[WIRE_ENV] = iface
+        return env
 
     def describe(self) -> str:
         if self.net is None:
             return "loopback"
         rate = self.cfg.link_rate + (f", servers {self.cfg.server_link_rate}" if self.cfg.server_link_rate else "")
-        return f"emulated hosts ({len(self.net.hosts)} namespaces, links {rate})"
+        per = f", {self.cfg.per_host} workers each" if self.cfg.per_host > 1 else ""
+        return f"emulated hosts ({len(self.net.hosts)} namespaces{per}, links {rate})"
 
     def close(self) -> None:
         if self.net is not None:

@@ -39,7 +39,8 @@ class StepRecord:
     messages: list | None = None  # with --trace: [name, start after sync began (s), duration (s)] each
     epoch: int = 0
     test_acc: float | None = None  # held-out accuracy after this step (at the end of an epoch)
-    wire_tx_bytes: int | None = None  # bytes the kernel counted on this worker's own link (--net emulated)
+    wire_tx_bytes: int | None = None  # bytes the kernel counted on this worker's host link (--net emulated;
+    # with G workers per host, local rank 0 counts the shared link and the others none)
     wire_rx_bytes: int | None = None
     # (busy, total) jiffies of all cores at the start and the end of Synchronizer.step: the CPU of the
     # communication phase alone (compute emulated as a wait would dilute a whole step's utilisation)

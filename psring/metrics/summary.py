@@ -65,9 +65,11 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["cpu_saturated"] = max(known) >= SATURATED if known else None
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
-    for k in ("wire_tx_bytes", "wire_rx_bytes"):  # counted by the kernel per worker (--net emulated)
+    # counted by the kernel per host link (--net emulated): by every worker with one per host, by local
+    # rank 0 of each host where G workers share one (the others record none)
+    for k in ("wire_tx_bytes", "wire_rx_bytes"):
         col = pd.to_numeric(timed[k], errors="coerce") if k in timed else None
-        out[f"{k}_per_step"] = _num(col.mean()) if col is not None and col.notna().all() else None
+        out[f"{k}_per_step"] = _num(col.mean()) if col is not None and col.notna().any() else None
     if servers is not None and not servers.empty:
         st = servers[servers["step"].isin(timed_ids)]
         out["server_bytes_recv_per_step"] = _num(st["bytes_recv"].mean())

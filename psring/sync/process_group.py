@@ -16,6 +16,8 @@ from typing import NoReturn
 import torch
 import torch.distributed as dist
 
+from ..topology import DEVICE_ENV
+
 
 @dataclass
 class ProcessGroupInfo:
@@ -25,6 +27,12 @@ class ProcessGroupInfo:
     device: torch.device
     backend: str
     group: object  # the process group gradients travel on (None = default group)
+    timeout_s: float = 120.0  # of every collective; subgroups (``hierarchical``) get the same
+
+    def new_group(self, ranks: list[int]):
+        """A subgroup of ``ranks`` on this group's backend (every rank must call it, in the same order)."""
+        return dist.new_group(ranks, timeout=datetime.timedelta(seconds=self.timeout_s),
+                              backend="nccl" if self.backend == "nccl" else "gloo")
 
 
 def env_rank() -> tuple[int, int, int]:
@@ -41,8 +49,11 @@ def env_rank() -> tuple[int, int, int]:
 
 
 def local_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available() and torch.cuda.device_count() > local_rank:
-        return torch.device("cuda", local_rank)
+    """GPU ``local_rank`` if there is one (``PSRING_DEVICE_INDEX`` instead where psring's launcher put
+    every worker of a run on this machine), else the CPU."""
+    index = int(os.environ.get(DEVICE_ENV, local_rank))
+    if torch.cuda.is_available() and torch.cuda.device_count() > index:
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -60,10 +71,11 @@ def init_process_group(backend: str = "auto", timeout_s: float = 120.0) -> Proce
     if backend == "nccl" and not all_gpu:
         raise RuntimeError("--backend nccl needs a CUDA device on every worker; at least one has none")
     if backend == "nccl" or (backend == "auto" and all_gpu):
-        torch.cuda.set_device(local)
+        device = local_device(local)
+        torch.cuda.set_device(device)
         group = dist.new_group(backend="nccl", timeout=timeout)
-        return ProcessGroupInfo(rank, world, local, torch.device("cuda", local), "nccl", group)
-    return ProcessGroupInfo(rank, world, local, torch.device("cpu"), "gloo", None)
+        return ProcessGroupInfo(rank, world, local, device, "nccl", group, timeout_s)
+    return ProcessGroupInfo(rank, world, local, torch.device("cpu"), "gloo", None, timeout_s)
 
 
 def destroy_process_group(barrier: bool = False) -> None:

@@ -41,9 +41,9 @@ class PSAggregate(Reducer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
-                 error_feedback: bool = True):
+                 error_feedback: bool = True, shares: list[float] | None = None):
         super().__init__(rank, world, device)
-        self.compress, self.error_feedback = compress, error_feedback
+        self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)
         self.addrs, self.optim_cfg, self.timeout_s = addrs, optim, timeout_s
         self.frame_bytes = session.frame_bytes(frame_kb)
@@ -52,7 +52,7 @@ class PSAggregate(Reducer):
         self.client: PSClient | None = None
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
-        return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes)
+        return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes, self.shares)
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
         self.layout = flat_layout(model.named_parameters())

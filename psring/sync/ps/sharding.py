@@ -23,18 +23,22 @@ from ..buckets import BucketRange, whole_param_ranges
 
 
 def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
-                cap_bytes: int, split: bool = False) -> list[BucketRange]:
+                cap_bytes: int, split: bool = False, shares: list[float] | None = None) -> list[BucketRange]:
     """(space, start, end, server) per chunk, in chunk order. ``spaces``: per dtype, the element counts
     of its parameters in layout order. Each space is cut into a multiple of ``servers`` equal chunks (to
     one element) of at most ``cap_bytes``; the round-robin over servers continues from one space to the
     next. One server: whole parameters up to ``cap_bytes`` per chunk instead, unless ``split`` (chunks
-    fitted to a link: a 9.4 MB tensor as one chunk would be the pipeline's fill and drain)."""
+    fitted to a link: a 9.4 MB tensor as one chunk would be the pipeline's fill and drain).
+    ``shares``: each server's fraction of the parameters (``topology.server_shares``; None: equal), see
+    ``plan_shared``."""
     if servers < 1:
         raise ValueError(f"need at least one server, got {servers}")
     total = sum(sum(sp) for sp in spaces)
     if servers > total:
         raise ValueError(f"{servers} servers for {total} parameter elements: some servers would own nothing; "
                          f"use --servers {total} or fewer")
+    if shares is not None:
+        return plan_shared(spaces, itemsizes, shares, cap_bytes)
     if servers == 1 and not split:
         return whole_param_ranges(spaces, itemsizes, cap_bytes, cap_bytes)
     out, i = [], 0
@@ -48,6 +52,38 @@ def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
         for j in range(n):
             out.append(BucketRange(s, bounds[j], bounds[j + 1], i % servers))
             i += 1
+    return out
+
+
+def plan_shared(spaces: list[list[int]], itemsizes: list[int], shares: list[float],
+                cap_bytes: int) -> list[BucketRange]:
+    """Unequal shares (BytePS's split between dedicated and colocated servers): each space is cut into
+    R rounds of one chunk per server, server j's chunk of a round ``shares[j]`` of it, so every server
+    still owns chunks spread over the whole backward pass; R is as small as keeps the largest chunk
+    within ``cap_bytes``. A server's chunk of a round may be empty (a tiny share of a tiny space): it
+    is left out.
+
+    >>> [(r.start, r.end, r.group) for r in plan_shared([[100]], [4], [0.2, 0.8], 1 << 20)]
+    [(0, 20, 0), (20, 100, 1)]
+    """
+    if len(shares) < 1 or min(shares) <= 0 or abs(sum(shares) - 1) > 1e-9:
+        raise ValueError(f"server shares must be positive and sum to 1, got {shares}")
+    cuts = [sum(shares[:j]) for j in range(len(shares) + 1)]
+    out = []
+    for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
+        numel = sum(sizes)
+        if numel == 0:
+            continue
+        rounds = max(1, math.ceil(max(shares) * numel * itemsize / max(cap_bytes, itemsize)))
+        for r in range(rounds):
+            for j in range(len(shares)):
+                lo, hi = (round(numel * (r + cuts[j]) / rounds), round(numel * (r + cuts[j + 1]) / rounds))
+                if hi > lo:
+                    out.append(BucketRange(s, lo, hi, j))
+    owners = {r.group for r in out}
+    if len(owners) < len(shares):
+        raise ValueError(f"servers {sorted(set(range(len(shares))) - owners)} would own nothing of this model's "
+                         f"parameters at their share; use fewer servers")
     return out
 
 

@@ -44,7 +44,8 @@ class PSSync(Synchronizer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
-                 links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True):
+                 links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
+                 shares: list[float] | None = None):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
@@ -59,12 +60,12 @@ class PSSync(Synchronizer):
         self.cap = int(bucket_mb * 2**20)
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
-        self.links_Bps, self.compress, self.error_feedback = links_Bps, compress, error_feedback
+        self.links_Bps, self.compress, self.error_feedback, self.shares = links_Bps, compress, error_feedback, shares
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
-        ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap)
+        ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares)
         self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device)
         self.client, self.tr = session.open_worker(
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
@@ -149,16 +150,17 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024, design: str = "server-optimizer",
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
-            error_feedback: bool = True) -> Synchronizer:
+            error_feedback: bool = True, shares: list[float] | None = None) -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
-    over ``PSAggregate`` (servers sum, workers run the optimizer)."""
+    over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
+    shares of the parameters (``topology.server_shares``), None for equal ones."""
     semantics: Semantics = check_semantics(design, consistency, staleness)
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
-                      staleness, curve, window, links_Bps, compress, error_feedback)
+                      staleness, curve, window, links_Bps, compress, error_feedback, shares)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
     reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
-                          compress, error_feedback)
+                          compress, error_feedback, shares)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

@@ -37,12 +37,14 @@ def chunk_key(b: Bucket) -> str:
     return f"c{b.index}"
 
 
-def chunk_ranges(layout, world: int, servers: int, links_Bps, cap_bytes: int) -> list[BucketRange]:
-    """The chunks of ``layout`` for ``servers`` servers: fitted to the links where known, else ``cap``."""
+def chunk_ranges(layout, world: int, servers: int, links_Bps, cap_bytes: int,
+                 shares: list[float] | None = None) -> list[BucketRange]:
+    """The chunks of ``layout`` for ``servers`` servers: fitted to the links where known, else ``cap``;
+    ``shares``: the servers' unequal shares (``--ps-placement mixed``), else equal ones."""
     sizes, itemsizes = space_sizes(layout)
     m_bytes = sum(n * i for sp, i in zip(sizes, itemsizes) for n in sp)
     cap = chunk_bytes(m_bytes, world, servers, links_Bps, cap_bytes)
-    return plan_chunks(sizes, itemsizes, servers, cap, split=links_Bps is not None)
+    return plan_chunks(sizes, itemsizes, servers, cap, split=links_Bps is not None, shares=shares)
 
 
 @dataclass
