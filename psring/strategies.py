@@ -123,8 +123,13 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
     from .costmodel import emulated_links_Bps
     from .sync.ps.synchronizer import make_ps
     from .topology import server_shares
+    from .train.torchrun import launched_by_psring
 
     rank, world, device = _env()
+    if not cfg.ps_addrs and cfg.ps_placement == "colocated" and not launched_by_psring():
+        from .sync.ps.colocated import colocated_addrs
+
+        cfg.ps_addrs = colocated_addrs(cfg, rank, world)  # torchrun: each node's local rank 0 starts its own
     return make_ps(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
                    cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                    curve=cfg.curve, window=cfg.ps_window,

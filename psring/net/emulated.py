@@ -153,9 +153,14 @@ class EmulatedNetwork:
         """Every namespace of this run (switch first)."""
         return [self.switch_netns] + [h.netns for h in self.hosts]
 
-    def exec_prefix(self, i: int) -> list[str]:
-        """Prepend to a command line to run it on host ``i``."""
-        return [self._ip, "netns", "exec", self.hosts[i].netns]
+    def exec_prefix(self, i: int, hostname: bool = False) -> list[str]:
+        """Prepend to a command line to run it on host ``i``; with ``hostname``, in a UTS namespace of
+        its own whose hostname is the host's address, so that tools which find "this host" by its name
+        (torchrun's c10d rendezvous, gloo) find this one, as on a real machine."""
+        prefix = [self._ip, "netns", "exec", self.hosts[i].netns]
+        if not hostname:
+            return prefix
+        return prefix + ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hosts[i].addr]
 
     def __enter__(self) -> Self:
         return self.open()

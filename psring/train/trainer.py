@@ -3,8 +3,8 @@
 Launch (see README): ``psring train ...`` starts everything on this machine; on several hosts start
 ``psring worker`` with torchrun, e.g.::
 
-    torchrun --nnodes 2 --nproc-per-node 1 --rdzv-endpoint HOST:29500 -m psring worker \\
-        --sync allreduce --workers 2 --model resnet18 --steps 100 --out runs/r18
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST0:29500 --rdzv-id r18 \\
+        -m psring worker --sync allreduce --workers 4 --workers-per-host 2 --model resnet18 --out runs/r18
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .. import strategies
 from ..config import TrainConfig
 from ..fileio import CAUSES, describe, torch_save_atomic
 from ..metrics.cpu import cpu_times
@@ -23,11 +24,13 @@ from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
 from ..sync.process_group import destroy_process_group, env_rank
+from ..sync.ps.colocated import stop_started
 from . import checkpoint
 from .data import ShardedBatches, build_dataset
 from .emulation import EmulatedCompute, parse_compute
 from .evaluate import evaluate
 from .models import build_model
+from .torchrun import gather_records, launched_by_psring
 
 
 def train(cfg: TrainConfig) -> None:
@@ -141,7 +144,8 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
 
 def main_worker(cfg: TrainConfig) -> int:
     """Entry point of ``psring worker``: train, report a failure on one line (traceback above it in the
-    log), and on rank 0 outside the launcher (torchrun) merge the ranks' records."""
+    log); outside the launcher (torchrun), hand the records to rank 0, which merges them."""
+    self_started = strategies.uses_servers(cfg.sync) and cfg.ps_placement == "colocated" and not cfg.ps_addrs
     try:
         train(cfg)
     except Exception as e:  # noqa: BLE001 - turned into one line for the launcher, full traceback in the log
@@ -156,18 +160,24 @@ def main_worker(cfg: TrainConfig) -> int:
         what = describe(e, e.filename or cfg.out) if isinstance(e, OSError) and e.errno in CAUSES else e
         print(f"psring worker {rank}: error: {type(e).__name__}: {what}", file=sys.stderr, flush=True)
         return 1
-    if os.environ.get("PSRING_LAUNCHER") is None and env_rank()[0] == 0:
-        from ..metrics.summary import finalize_run
-
-        wait_for_ranks(Path(cfg.out), cfg.workers, cfg.timeout_s)
-        finalize_run(Path(cfg.out), cfg.to_dict())
+    finally:
+        stop_started()  # a colocated server this worker started (torchrun): done, or stopped now
+    if not launched_by_psring():
+        finish_outside_launcher(cfg, self_started)
     return 0
 
 
-def wait_for_ranks(out: Path, workers: int, timeout_s: float) -> None:
-    """Under torchrun on one host (shared ``out``), wait until every rank marked its records complete."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all((out / "ranks" / f"rank{r}.done").exists() for r in range(workers)):
-            return
-        time.sleep(0.2)
+def finish_outside_launcher(cfg: TrainConfig, self_started: bool) -> None:
+    """Every rank's records (and those of the colocated servers workers started) to rank 0, which
+    writes steps.jsonl and summary.json: the output folder may or may not be shared between hosts."""
+    from ..metrics.summary import finalize_run
+    from ..sync.ps.colocated import server_records
+    from ..topology import local_world
+
+    rank, world, _ = env_rank()
+    g, out = local_world(), Path(cfg.out)
+    mine = {rank // g: server_records(out, rank // g)} if self_started and rank % g == 0 else {}
+    servers = list(range(1, world // g)) if self_started else []
+    gather_records(out, rank, world, cfg.timeout_s, mine, servers)
+    if rank == 0:
+        finalize_run(out, cfg.to_dict())
