@@ -28,7 +28,8 @@ import pandas as pd
 
 from . import costmodel as cm
 from .strategies import attr
-from .sync.ps.sharding import chunk_bytes, chunks_per_server
+from .sync.ps.sharding import chunk_bytes, chunks_per_server, shared_rounds
+from .topology import server_shares
 
 PS_DEFAULT_CAP = 4 << 20  # --bucket-mb of the PS when a row does not say
 
@@ -67,10 +68,33 @@ def cost_model(sync) -> str | None:
 
 def ps_chunks_per_server(row, n: int, s: int, m_bytes: float) -> int:
     """k, the chunks per server a ps run with ``row``'s settings uses at N = n, S = s: its chunk size
-    fitted to its emulated link as ``PSSync`` fits it (``sharding.chunk_bytes``), capped by ``bucket_mb``."""
+    fitted to its emulated link as ``PSSync`` fits it (``sharding.chunk_bytes``), capped by ``bucket_mb``;
+    with unequal shares (``--ps-placement mixed``), the rounds ``sharding.plan_shared`` cuts."""
     cap = int(float(row["bucket_mb"]) * 2**20) if is_num(row.get("bucket_mb")) else PS_DEFAULT_CAP
     links = cm.emulated_links_Bps(row.get("net"), row.get("link_rate"), row.get("server_link_rate"))
-    return chunks_per_server(int(m_bytes), s, chunk_bytes(int(m_bytes), n, s, links, cap))
+    size = chunk_bytes(int(m_bytes), n, s, links, cap)
+    shares = server_shares(placement_of(row), n // per_host(row), s)
+    return shared_rounds(int(m_bytes), shares, size) if shares else chunks_per_server(int(m_bytes), s, size)
+
+
+def placement_of(row) -> str:
+    p = row.get("ps_placement")
+    return p if isinstance(p, str) and p else "dedicated"
+
+
+def host_link_bytes(row, m_bytes: float) -> float:
+    """What the model puts on a host's link per step, each way (the busiest host of a PS run): the
+    figure the kernel's counters of that link are held to (local rank 0 counts a shared one)."""
+    n, g = int(row["workers"]), per_host(row)
+    h = n // g
+    model = cost_model(row["sync"])
+    if model == cm.HIERARCHICAL_MODEL:
+        return 2 * (h - 1) / h * m_bytes
+    if model != cm.PS_MODEL:
+        return 2 * (n - 1) / n * m_bytes  # a flat ring, consecutive per host: one edge per host link
+    x = cm.unified_split(h, int(row["servers"]) - h) if placement_of(row) == "mixed" else \
+        (0.0 if placement_of(row) == "colocated" else 1.0)
+    return g * m_bytes * (x + 2 * (1 - x) * (h - 1) / h)
 
 
 def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
@@ -88,7 +112,7 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     if model != cm.PS_MODEL:
         return cm.STRATEGIES[model](n, m_bytes, w, server_link=s_link, per_host=g)
     s = int(row["servers"])
-    placement = row.get("ps_placement") if isinstance(row.get("ps_placement"), str) else "dedicated"
+    placement = placement_of(row)
     k = ps_chunks_per_server(row, n, s, m_bytes)
     if placement == "dedicated":
         return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=k, per_host=g)

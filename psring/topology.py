@@ -52,10 +52,10 @@ def server_shares(placement: str, hosts: int, servers: int) -> list[float] | Non
     >>> [round(s, 3) for s in server_shares("mixed", 4, 6)]  # n = 4 worker hosts, k = 2: x = 0.6
     [0.1, 0.1, 0.1, 0.1, 0.3, 0.3]
     """
-    if placement != "mixed":
+    k = servers - hosts
+    if placement != "mixed" or not 0 < k < hosts:  # (config_checks refuses a mixed run outside this)
         return None
     from .costmodel import unified_split
 
-    k = servers - hosts
     x = unified_split(hosts, k)
     return [(1 - x) / hosts] * hosts + [x / k] * k

@@ -31,6 +31,8 @@ EXPECTED = {
     "compression": {"convergence", "time_to_accuracy", "breakdown"},  # (one N: no compression figure)
     "compression_scaled": {"convergence", "time_to_accuracy"},
     "compression_sync": {"compression", "breakdown"},
+    "compression_precision": {"convergence", "seed_spread"},
+    "topology": {"topology", "breakdown"},
 }
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
 

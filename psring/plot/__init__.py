@@ -5,7 +5,9 @@ What is drawn depends on what the folder holds:
 * a sweep's ``runs.csv`` -> ``speedup`` (measured, ideal and cost-model speedup and sync time vs N)
   and ``breakdown`` (median phase times per strategy and N), and for ps runs at one N with several S
   ``servers`` (sync time vs S beside its bound, the ring's beside); without ``runs.csv``, the
-  ``summary.json`` files of its run folders give ``breakdown`` alone;
+  ``summary.json`` files of its run folders give ``breakdown`` alone; with hosts of several workers
+  (``workers_per_host`` > 1) ``topology`` (every arrangement's sync time beside its bound, and BytePS's
+  colocated + k dedicated servers curve) instead of ``servers``;
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
@@ -29,15 +31,17 @@ from ..compress.spec import NONE
 from ..strategies import uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
-from .compression import figure_compression, figure_time_to_accuracy, has_codecs
+from .compression import figure_compression, figure_seed_spread, figure_time_to_accuracy, has_codecs, \
+    has_seed_spread
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
+from .topology import figure_topology, has_topology
 
 __all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_servers", "figure_speedup",
-           "figure_timeline", "main", "model_curve",
+           "figure_timeline", "figure_topology", "main", "model_curve",
            "plot_results", "show", "timeline_runs"]
 
 
@@ -82,12 +86,15 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
             written += save(figure_compression(runs), out, "compression", formats)
         elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1 and \
+                not has_topology(runs) and \
                 runs.get("compress", pd.Series(dtype=str)).fillna(NONE).nunique() <= 1:  # (codecs: a line each)
             written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
         if "step_s_p50" in runs:
             written += save(figure_breakdown(runs), out, "breakdown", formats)
-        if has_server_curve(runs):
+        if has_server_curve(runs) and not has_topology(runs):
             written += save(figure_servers(runs, link), out, "servers", formats)
+        if has_topology(runs):  # hosts of several workers: every arrangement beside its bound
+            written += save(figure_topology(runs, link), out, "topology", formats)
 
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:
@@ -99,6 +106,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_convergence(folder, acc), out, "convergence", formats)
         if len({c.get("compress", NONE) for c, _, _ in acc}) > 1:  # experiments/compression.toml
             written += save(figure_time_to_accuracy(acc), out, "time_to_accuracy", formats)
+        if has_seed_spread(acc):  # many seeds per setting (experiments/compression_precision.toml)
+            written += save(figure_seed_spread(acc), out, "seed_spread", formats)
 
     for d in timeline_runs(folder):
         written += save(figure_timeline([d]), out, _stem("timeline", folder, d), formats)

@@ -94,11 +94,57 @@ def run_label(cfg: dict) -> str:
 
 
 def by_label(runs: list[tuple[dict, pd.DataFrame, dict]]) -> dict[str, list[tuple[dict, pd.DataFrame, dict]]]:
-    """The runs grouped by ``run_label`` (the seeds of one setting together), in order of appearance."""
+    """The runs grouped by ``run_label`` (the seeds of one setting together), in order of appearance;
+    where the runs use several strategies, each label starts with its strategy's."""
+    several = len({r[0].get("sync") for r in runs}) > 1
     groups: dict[str, list] = {}
     for r in runs:
-        groups.setdefault(run_label(r[0]), []).append(r)
+        name = run_label(r[0])
+        groups.setdefault(f"{attr(r[0].get('sync'), 'label', r[0].get('sync'))}: {name}" if several else name,
+                          []).append(r)
     return groups
+
+
+DIVERGED = 0.5  # a final held-out accuracy below this is a run that diverged (chance is 0.1)
+
+
+def has_seed_spread(runs: list[tuple[dict, pd.DataFrame, dict]], seeds: int = 8) -> bool:
+    """Settings run with many seeds (``seeds`` or more each): their per-seed spread is the figure."""
+    groups = by_label(runs)
+    return len(groups) >= 2 and min(len(g) for g in groups.values()) >= seeds
+
+
+def figure_seed_spread(runs: list[tuple[dict, pd.DataFrame, dict]]):
+    """Final held-out accuracy of every seed per setting, the same seed joined across settings (the
+    same initial weights and data order): how far runs that differ only in rounding drift apart. Runs
+    that diverged are counted beside the axis, not drawn; the mean of the others is the bar."""
+    groups = by_label(runs)
+    names = list(groups)
+    fig, axes = new_figure(max(6.0, 1.6 * len(names)), 4.8)
+    ax = axes[0][0]
+    per_seed: dict[int, list[float]] = {}
+    for x, g in enumerate(groups.values()):
+        accs = [(c.get("seed", i), 100 * ev["test_acc"].iloc[-1]) for i, (c, ev, _) in enumerate(g)]
+        ok = [a for _, a in accs if a >= 100 * DIVERGED]
+        color = codec_color(g[0][0].get("compress", NONE))
+        ax.bar(x, sum(ok) / len(ok) if ok else 0, width=0.6, color=color, alpha=0.25)
+        ax.scatter([x] * len(ok), ok, color=color, s=14, zorder=3)
+        bad = len(accs) - len(ok)
+        mean = f"{sum(ok) / len(ok):.2f}" if ok else "-"
+        ax.text(x, 0.02, f"mean {mean}\n{bad}/{len(accs)} diverged", ha="center", va="bottom", fontsize=7,
+                transform=ax.get_xaxis_transform())
+        for seed, a in accs:
+            per_seed.setdefault(seed, []).append(a if a >= 100 * DIVERGED else float("nan"))
+    for seq in per_seed.values():
+        if len(seq) == len(names):
+            ax.plot(range(len(names)), seq, color="gray", alpha=0.25, linewidth=0.8)
+    lo = min((a for seq in per_seed.values() for a in seq if a == a), default=85.0)
+    ax.set_ylim(min(lo - 1, 88), 100)
+    ax.set_xticks(range(len(names)), names, fontsize=8, rotation=15)
+    ax.set_ylabel("final held-out accuracy (%)")
+    ax.set_title("Every seed's final accuracy (a line joins one seed's runs)")
+    ax.grid(alpha=0.3, axis="y")
+    return fig
 
 
 def mean_curve(group: list[tuple[dict, pd.DataFrame, dict]]) -> pd.DataFrame:
@@ -142,5 +188,5 @@ def figure_time_to_accuracy(runs: list[tuple[dict, pd.DataFrame, dict]], target:
     return fig
 
 
-__all__ = ["HOLLOW_NOTE", "by_label", "figure_compression", "figure_time_to_accuracy", "has_codecs",
-           "mean_curve", "run_label", "time_to_accuracy"]
+__all__ = ["HOLLOW_NOTE", "by_label", "figure_compression", "figure_seed_spread", "figure_time_to_accuracy",
+           "has_codecs", "has_seed_spread", "mean_curve", "run_label", "time_to_accuracy"]

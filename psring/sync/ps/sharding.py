@@ -74,7 +74,7 @@ def plan_shared(spaces: list[list[int]], itemsizes: list[int], shares: list[floa
         numel = sum(sizes)
         if numel == 0:
             continue
-        rounds = max(1, math.ceil(max(shares) * numel * itemsize / max(cap_bytes, itemsize)))
+        rounds = shared_rounds(numel * itemsize, shares, cap_bytes, itemsize)
         for r in range(rounds):
             for j in range(len(shares)):
                 lo, hi = (round(numel * (r + cuts[j]) / rounds), round(numel * (r + cuts[j + 1]) / rounds))
@@ -85,6 +85,12 @@ def plan_shared(spaces: list[list[int]], itemsizes: list[int], shares: list[floa
         raise ValueError(f"servers {sorted(set(range(len(shares))) - owners)} would own nothing of this model's "
                          f"parameters at their share; use fewer servers")
     return out
+
+
+def shared_rounds(m_bytes: int, shares: list[float], cap_bytes: int, itemsize: int = 4) -> int:
+    """R, the rounds ``plan_shared`` cuts ``m_bytes`` into (so every server owns R chunks): as few as
+    keep the largest share's chunk within ``cap_bytes``."""
+    return max(1, math.ceil(max(shares) * m_bytes / max(cap_bytes, itemsize)))
 
 
 # The CPU a pushpull costs beyond its bytes, on the busiest side (one server process handles N of them
