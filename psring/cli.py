@@ -62,9 +62,9 @@ def cmd_worker(a) -> int:
         cfg = TrainConfig.load(a.config).validate()
     else:
         cfg = config_from_args(a)
-        if strategies.uses_servers(cfg.sync) and not cfg.ps_addrs:
+        if strategies.uses_servers(cfg.sync) and not cfg.ps_addrs and cfg.ps_placement != "colocated":
             raise ConfigError(f"--sync {cfg.sync} under torchrun needs --ps-addrs tcp://HOST:PORT,... of "
-                              f"running servers")
+                              f"running servers, or --ps-placement colocated (each node starts its own)")
         if os.environ.get("RANK", "0") == "0":
             Path(cfg.out).mkdir(parents=True, exist_ok=True)
             cfg.save(Path(cfg.out) / "config.json")

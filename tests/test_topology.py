@@ -18,7 +18,7 @@ from psring.topology import server_shares
     ("hierarchical", 4, 2, 1, ()),  # 2 hosts x 2
     ("hierarchical", 6, 2, 1, SMALL_BUCKETS),  # 3 hosts x 2, buckets of odd lengths (padded for the scatter)
     ("ps", 4, 2, 2, ("--ps-placement", "colocated")),  # a server on each of the 2 hosts
-    ("ps", 6, 2, 4, ("--ps-placement", "mixed", "--ps-design", "aggregate")),  # 3 colocated, 1 dedicated
+    ("ps", 4, 2, 3, ("--ps-placement", "mixed", "--ps-design", "aggregate")),  # 2 colocated, 1 dedicated
 ])
 def test_hosts_of_several_workers_match_single_process(psring, tmp_path, reference, sync, n, g, s, extra):
     out = tmp_path / "run"
@@ -67,13 +67,15 @@ def test_a_hosts_workers_share_its_link_and_the_kernel_counts_the_model(psring, 
     owns and their server answers the other host's two: 2 * G (H-1)/H * M = 2M each way."""
     out = tmp_path / "run"
     r = psring.run("train", "--sync", sync, "--workers", "4", "--workers-per-host", "2", "--net", "emulated",
-                   "--link-rate", "1gbit", "--compute", "emulated:20", "--model", "resnet18_narrow", "--steps",
-                   "5", "--warmup", "2", "--out", str(out), *extra, timeout=240)
+                   "--link-rate", "1gbit", "--compute", "emulated:20", "--model", "cnn", "--steps",
+                   "6", "--warmup", "2", "--out", str(out), *extra, timeout=240)
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
     assert "2 workers each" in r.stdout, r.stdout
-    m = grad_bytes("resnet18_narrow") * (1 if sync == "hierarchical" else 2)
-    for k in ("wire_tx_bytes_per_step", "wire_rx_bytes_per_step"):  # headers and TCP/IP on top
-        assert m <= s[k] <= 1.05 * m, (k, s[k], m)
+    m = grad_bytes("cnn") * (1 if sync == "hierarchical" else 2)
+    # headers and TCP/IP on top; and a little under: rank 0 reads the counters when its own step is done,
+    # while its host's server may still be answering the other host (those bytes count to the next step)
+    for k in ("wire_tx_bytes_per_step", "wire_rx_bytes_per_step"):
+        assert 0.98 * m <= s[k] <= 1.05 * m, (k, s[k], m)
     ranks = [json.loads(x) for x in (out / "ranks" / "rank1.jsonl").read_text().splitlines()]
     assert all(x["wire_tx_bytes"] is None for x in ranks)  # local rank 1: its host's link is rank 0's to count
