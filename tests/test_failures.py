@@ -37,7 +37,7 @@ def steps_logged(out: Path, rank: int) -> int:
 
 
 @pytest.mark.parametrize("sync,role,sig", [("ps", "worker", "SIGKILL"), ("ps", "server", "SIGKILL"),
-                                           ("allreduce", "worker", "SIGKILL"), ("ps", "worker", "SIGSTOP"),
+                                           ("allreduce", "worker", "SIGKILL"),
                                            ("allreduce", "worker", "SIGSTOP"), ("ps", "server", "SIGSTOP")])
 def test_killed_or_stopped_process_stops_everything(psring, tmp_path, sync, role, sig):
     out = tmp_path / "run"

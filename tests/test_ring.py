@@ -36,8 +36,7 @@ def step_records(run) -> dict[int, list[dict]]:
     return steps
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+@pytest.mark.parametrize("n,overlap", [(2, True), (3, True), (4, False)], ids=["overlap-2", "overlap-3", "no-overlap-4"])
 def test_ring_matches_single_process_and_moves_ring_bytes(psring, tmp_path, reference, n, overlap):
     extra = SMALL_BUCKETS + ("--trace",) + (() if overlap else ("--no-overlap",))
     r = psring.run(*train_args(tmp_path / "run", "ring", n, extra=extra))

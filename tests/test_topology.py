@@ -15,8 +15,8 @@ from psring.topology import server_shares
 
 
 @pytest.mark.parametrize("sync,n,g,s,extra", [
-    ("hierarchical", 4, 2, 1, ()),  # 2 hosts x 2
-    ("hierarchical", 6, 2, 1, SMALL_BUCKETS),  # 3 hosts x 2, buckets of odd lengths (padded for the scatter)
+    ("hierarchical", 4, 2, 1, SMALL_BUCKETS),  # 2 hosts x 2, buckets of odd lengths (padded for the scatter)
+    ("hierarchical", 6, 2, 1, ()),  # 3 hosts x 2
     ("ps", 4, 2, 2, ("--ps-placement", "colocated")),  # a server on each of the 2 hosts
     ("ps", 4, 2, 3, ("--ps-placement", "mixed", "--ps-design", "aggregate")),  # 2 colocated, 1 dedicated
 ])
@@ -58,8 +58,8 @@ def test_bad_topology_is_one_line_exit_2(psring, tmp_path, argv, msg):
 
 
 @needs_net
-@pytest.mark.parametrize("sync,extra", [("hierarchical", ()),
-                                        ("ps", ("--servers", "2", "--ps-placement", "colocated"))])
+# (hierarchical's host link against the kernel: results/topology, tests/test_topology_results.py)
+@pytest.mark.parametrize("sync,extra", [("ps", ("--servers", "2", "--ps-placement", "colocated"))])
 def test_a_hosts_workers_share_its_link_and_the_kernel_counts_the_model(psring, tmp_path, no_new_namespaces,
                                                                         sync, extra):
     """2 hosts x 2 workers on 1 Gbit links. hierarchical: a host link carries 2(H-1)/H * M = M each way
