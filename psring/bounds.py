@@ -29,7 +29,7 @@ import pandas as pd
 from . import costmodel as cm
 from .strategies import attr
 from .sync.ps.sharding import chunk_bytes, chunks_per_server, shared_rounds
-from .topology import server_shares
+from .topology import dedicated_share, server_shares
 
 PS_DEFAULT_CAP = 4 << 20  # --bucket-mb of the PS when a row does not say
 
@@ -92,8 +92,7 @@ def host_link_bytes(row, m_bytes: float) -> float:
         return 2 * (h - 1) / h * m_bytes
     if model != cm.PS_MODEL:
         return 2 * (n - 1) / n * m_bytes  # a flat ring, consecutive per host: one edge per host link
-    x = cm.unified_split(h, int(row["servers"]) - h) if placement_of(row) == "mixed" else \
-        (0.0 if placement_of(row) == "colocated" else 1.0)
+    x = dedicated_share(placement_of(row), h, int(row["servers"]))
     return g * m_bytes * (x + 2 * (1 - x) * (h - 1) / h)
 
 
@@ -112,12 +111,9 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     if model != cm.PS_MODEL:
         return cm.STRATEGIES[model](n, m_bytes, w, server_link=s_link, per_host=g)
     s = int(row["servers"])
-    placement = placement_of(row)
-    k = ps_chunks_per_server(row, n, s, m_bytes)
-    if placement == "dedicated":
-        return cm.ps(n, s, m_bytes, w, s_link, chunks_per_server=k, per_host=g)
-    return cm.STRATEGIES[cm.PS_MODEL](n, m_bytes, w, servers=s, per_host=g, placement=placement,
-                                      **({"chunks_per_server": k} if placement == "mixed" else {}))
+    return cm.STRATEGIES[cm.PS_MODEL](n, m_bytes, w, servers=s, server_link=s_link, per_host=g,
+                                      chunks_per_server=ps_chunks_per_server(row, n, s, m_bytes),
+                                      placement=placement_of(row))
 
 
 def per_host(row) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from .costmodel import unified_split
+
 # The launcher puts every worker of a run on this one machine: which device index each takes, so that
 # G workers per emulated host still use distinct GPUs (LOCAL_RANK restarts at 0 on every host).
 DEVICE_ENV = "PSRING_DEVICE_INDEX"
@@ -44,6 +46,20 @@ def cross_groups(world: int, per_host: int) -> list[list[int]]:
     return [[h[l] for h in hosts] for l in range(per_host)]
 
 
+def colocated_servers(placement: str, hosts: int, servers: int) -> int:
+    """How many of the ``servers`` run on the worker hosts (servers 0..c-1, on hosts 0..c-1; the rest
+    on hosts of their own): none for ``dedicated``, all for ``colocated``, one per host for ``mixed``."""
+    return {"dedicated": 0, "colocated": servers, "mixed": min(hosts, servers)}[placement]
+
+
+def dedicated_share(placement: str, hosts: int, servers: int) -> float:
+    """x, the share of the parameters the dedicated servers hold between them: 1 (dedicated), 0
+    (colocated), BytePS's optimum for k = S - H beside the H colocated ones (mixed)."""
+    if placement == "mixed":
+        return unified_split(hosts, servers - colocated_servers(placement, hosts, servers))
+    return 0.0 if colocated_servers(placement, hosts, servers) else 1.0
+
+
 def server_shares(placement: str, hosts: int, servers: int) -> list[float] | None:
     """Each PS server's share of the parameters: None (equal shares) for ``dedicated`` and ``colocated``;
     for ``mixed`` (servers 0..H-1 on the H worker hosts, the other k = S - H on hosts of their own),
@@ -55,7 +71,5 @@ def server_shares(placement: str, hosts: int, servers: int) -> list[float] | Non
     k = servers - hosts
     if placement != "mixed" or not 0 < k < hosts:  # (config_checks refuses a mixed run outside this)
         return None
-    from .costmodel import unified_split
-
-    x = unified_split(hosts, k)
+    x = dedicated_share(placement, hosts, servers)
     return [(1 - x) / hosts] * hosts + [x / k] * k

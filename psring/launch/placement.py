@@ -16,7 +16,7 @@ from __future__ import annotations
 from ..config import TrainConfig
 from ..metrics.wire import ENV as WIRE_ENV
 from ..net import EmulatedNetwork, check_available
-from ..topology import DEVICE_ENV
+from ..topology import DEVICE_ENV, colocated_servers
 from ..strategies import uses_servers
 
 LOOPBACK = "127.0.0.1"
@@ -27,9 +27,8 @@ class Placement:
         self.cfg, self.net = cfg, None
         self.worker_hosts = cfg.hosts
         servers = cfg.servers if uses_servers(cfg.sync) else 0
-        colocated = {"dedicated": 0, "colocated": servers, "mixed": self.worker_hosts}[cfg.ps_placement] \
-            if servers else 0
-        self.colocated, self.dedicated = colocated, servers - colocated
+        self.colocated = colocated_servers(cfg.ps_placement, self.worker_hosts, servers)
+        self.dedicated = servers - self.colocated
         if cfg.net != "emulated":
             return
         first = self.worker_hosts  # the first dedicated server host

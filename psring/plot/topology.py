@@ -12,6 +12,7 @@ from ..bounds import gradient_bytes, host_link_bytes, is_num, per_host, with_bou
 from ..bounds import placement_of as placement
 from ..costmodel import TCP_GOODPUT, Link, ps_unified
 from ..strategies import attr, is_baseline, uses_servers
+from ..topology import colocated_servers
 from .common import HOLLOW_NOTE, new_figure, saturated
 
 
@@ -22,8 +23,8 @@ def has_topology(runs: pd.DataFrame) -> bool:
 
 def dedicated_servers(row) -> int:
     """k, a PS row's servers on hosts of their own (mixed: S - H; dedicated: S; colocated: 0)."""
-    h = int(row["workers"]) // per_host(row)
-    return {"dedicated": int(row["servers"]), "colocated": 0, "mixed": int(row["servers"]) - h}[placement(row)]
+    h, s = int(row["workers"]) // per_host(row), int(row["servers"])
+    return s - colocated_servers(placement(row), h, s)
 
 
 def label(row) -> str:
@@ -77,7 +78,8 @@ def figure_topology(runs: pd.DataFrame, calibration: Link | None = None):
 
 def _unified_curve(ax, df: pd.DataFrame, calibration: Link | None) -> None:
     """BytePS's curve: sync time against k dedicated servers beside the H colocated ones."""
-    ps = df[df["sync"].map(uses_servers) & (df["ps_placement"].fillna("dedicated") != "dedicated")]
+    dedicated = df.apply(placement, axis=1) == "dedicated"
+    ps = df[df["sync"].map(uses_servers) & ~dedicated]
     r0 = df.iloc[0]
     n, g = int(r0["workers"]), per_host(r0)
     h = n // g
@@ -86,8 +88,7 @@ def _unified_curve(ax, df: pd.DataFrame, calibration: Link | None) -> None:
     ks = np.linspace(0, h, 50)
     ax.plot(ks, [ps_unified(h, k, m, link, g) for k in ks], color="black", linestyle="--",
             label="model: 2α + 2n(n−1)/(n²+kn−2k)·G·M/B (no fill/drain)")
-    ded = df[df["sync"].map(uses_servers) & (df["ps_placement"].fillna("dedicated") == "dedicated")
-             & (df["servers"] == h)]
+    ded = df[df["sync"].map(uses_servers) & dedicated & (df["servers"] == h)]
     pts = pd.concat([ps, ded]).sort_values("k")
     ax.plot(pts["k"], pts["sync_s_p50"], marker="o", color=attr("ps", "color", "tab:red"),
             label="ps, measured (k = H: dedicated S = H)")

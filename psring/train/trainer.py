@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .. import strategies
 from ..config import TrainConfig
 from ..fileio import CAUSES, describe, torch_save_atomic
 from ..metrics.cpu import cpu_times
@@ -145,7 +144,6 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
 def main_worker(cfg: TrainConfig) -> int:
     """Entry point of ``psring worker``: train, report a failure on one line (traceback above it in the
     log); outside the launcher (torchrun), hand the records to rank 0, which merges them."""
-    self_started = strategies.uses_servers(cfg.sync) and cfg.ps_placement == "colocated" and not cfg.ps_addrs
     try:
         train(cfg)
     except Exception as e:  # noqa: BLE001 - turned into one line for the launcher, full traceback in the log
@@ -163,21 +161,21 @@ def main_worker(cfg: TrainConfig) -> int:
     finally:
         stop_started()  # a colocated server this worker started (torchrun): done, or stopped now
     if not launched_by_psring():
-        finish_outside_launcher(cfg, self_started)
+        finish_outside_launcher(cfg)
     return 0
 
 
-def finish_outside_launcher(cfg: TrainConfig, self_started: bool) -> None:
+def finish_outside_launcher(cfg: TrainConfig) -> None:
     """Every rank's records (and those of the colocated servers workers started) to rank 0, which
     writes steps.jsonl and summary.json: the output folder may or may not be shared between hosts."""
     from ..metrics.summary import finalize_run
-    from ..sync.ps.colocated import server_records
+    from ..sync.ps.colocated import server_records, started_hosts
     from ..topology import local_world
 
     rank, world, _ = env_rank()
-    g, out = local_world(), Path(cfg.out)
-    mine = {rank // g: server_records(out, rank // g)} if self_started and rank % g == 0 else {}
-    servers = list(range(1, world // g)) if self_started else []
+    out, mine = Path(cfg.out), {h: server_records(cfg.out, h) for h in started_hosts()}
+    # rank 0 (node 0's local rank 0) started one when every node did: the others' come through the store
+    servers = list(range(1, world // local_world())) if mine and rank == 0 else []
     gather_records(out, rank, world, cfg.timeout_s, mine, servers)
     if rank == 0:
         finalize_run(out, cfg.to_dict())

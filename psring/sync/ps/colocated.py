@@ -21,7 +21,8 @@ from ...train.torchrun import job_store, own_address
 
 ADDR_KEY = "psring/server-addr/"
 START_TIMEOUT_S, EXIT_WAIT_S = 60.0, 10.0
-_started: list[subprocess.Popen] = []
+_started: list[subprocess.Popen] = []  # still to stop (``stop_started``)
+_hosts: list[int] = []  # the nodes whose server this process started (``started_hosts``)
 PR_SET_PDEATHSIG = 1
 
 
@@ -58,6 +59,7 @@ def start_server(cfg, host: int, world: int) -> str:
     finally:
         log.close()
     _started.append(proc)
+    _hosts.append(host)
     deadline = time.monotonic() + START_TIMEOUT_S
     while not pf.exists():
         if proc.poll() is not None:
@@ -85,5 +87,6 @@ def stop_started(wait_s: float = EXIT_WAIT_S) -> None:
                 proc.wait()
 
 
-def started_here() -> bool:
-    return bool(_started)
+def started_hosts() -> list[int]:
+    """The nodes whose server this process started (its own, under torchrun), stopped or not."""
+    return list(_hosts)
