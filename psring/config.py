@@ -158,6 +158,10 @@ class TrainConfig:
     workers_per_host: int = opt(0, "workers per host G: they share the host's one link and reach each other "
                                 "inside it (0: all on this one host on loopback, one per host with --net "
                                 "emulated)", section="run", check=at_least(0, " (0 = automatic)"))
+    # instrumentation last, likewise
+    link_sample_ms: int = opt(20, "read every emulated host link's byte counters every MS ms into links.jsonl "
+                              "(the launcher does, not the workers; 0: off)", section="network",
+                              check=at_least(0))
 
     @property
     def samples(self) -> int:

@@ -23,6 +23,7 @@ from ..strategies import uses_servers
 from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
 from .children import Child, Children
+from .link_sampler import LinkSampler
 from .outdir import RunLock, check_out, prepare_out, resumes_in_place, temp_folders
 from .placement import Placement
 from .resources import check_train, plural
@@ -143,7 +144,7 @@ def run_with_restarts(cfg: TrainConfig, out: Path, echo: bool, max_restarts: int
     try:
         while True:
             try:
-                run_once(cfg, out, echo)
+                links_check = run_once(cfg, out, echo)
                 break
             except LaunchError as e:
                 point = restart_point(out, cfg.workers, base, asked) if restarts < max_restarts else None
@@ -161,7 +162,7 @@ def run_with_restarts(cfg: TrainConfig, out: Path, echo: bool, max_restarts: int
     put_back(out)
     cfg.save(out / "config.json")
     finalize_run(out, cfg.to_dict())
-    return record_in_summary(out, {"restarts": restarts, "steps_recomputed": recomputed})
+    return record_in_summary(out, {"restarts": restarts, "steps_recomputed": recomputed, **links_check})
 
 
 def failure(e: LaunchError, out: Path, cfg: TrainConfig, restarts: int) -> str:
@@ -173,14 +174,16 @@ def failure(e: LaunchError, out: Path, cfg: TrainConfig, restarts: int) -> str:
     return f"{e}{gave_up}; last checkpoint after step {step}: continue with --resume {out}"
 
 
-def run_once(cfg: TrainConfig, out: Path, echo: bool) -> None:
-    """One attempt: start the servers and workers, watch them until the workers are done, stop all."""
+def run_once(cfg: TrainConfig, out: Path, echo: bool) -> dict:
+    """One attempt: start the servers and workers, watch them until the workers are done, stop all;
+    returns the link sampler's check (``LinkSampler.stop``; {} without one)."""
     kids = Children()
     place = None
     try:
         place = Placement(cfg)
         if echo and place.net is not None:
             print(f"psring: network: {place.describe()}", flush=True)
+        sampler = LinkSampler(place.net, out, cfg.link_sample_ms, kids, child_env(threads=1))
         servers = []
         if uses_servers(cfg.sync):
             cfg.ps_addrs = start_servers(cfg, out, kids, place)
@@ -192,6 +195,7 @@ def run_once(cfg: TrainConfig, out: Path, echo: bool) -> None:
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
             time.sleep(0.05)
+        return sampler.stop()  # while the namespaces, and so their counters, are still there
     finally:
         kids.stop_all()
         remove_temporaries(temp_folders(out), {c.proc.pid for c in kids.children})  # theirs, killed mid-write

@@ -22,6 +22,31 @@ from ..strategies import uses_servers
 LOOPBACK = "127.0.0.1"
 
 
+def worker_host(cfg: TrainConfig, rank: int) -> int:
+    """The emulated host of worker ``rank``."""
+    return rank // cfg.per_host
+
+
+def server_host(cfg: TrainConfig, i: int) -> int:
+    """The emulated host of PS server ``i``: a worker host when colocated, else one of its own."""
+    colocated = colocated_servers(cfg.ps_placement, cfg.hosts, cfg.servers)
+    return i if i < colocated else cfg.hosts + i - colocated
+
+
+def host_labels(cfg: TrainConfig) -> list[str]:
+    """What runs on each emulated host, e.g. ``["worker 0", "worker 1", "server 0"]`` (``"workers 0-1 +
+    server 0"`` where several share one): the rows of a link heatmap."""
+    servers = cfg.servers if uses_servers(cfg.sync) else 0
+    hosts = max([worker_host(cfg, r) for r in range(cfg.workers)] + [server_host(cfg, i) for i in range(servers)]) + 1
+    on: list[list[str]] = [[] for _ in range(hosts)]
+    g = cfg.per_host
+    for h in range(cfg.hosts):
+        on[h].append(f"worker {h * g}" if g == 1 else f"workers {h * g}-{h * g + g - 1}")
+    for i in range(servers):
+        on[server_host(cfg, i)].append(f"server {i}")
+    return [" + ".join(x) for x in on]
+
+
 class Placement:
     def __init__(self, cfg: TrainConfig):
         self.cfg, self.net = cfg, None
@@ -42,14 +67,14 @@ class Placement:
         return self.net.exec_prefix(i), self.net.hosts[i].addr
 
     def worker_host(self, rank: int) -> int:
-        return rank // self.cfg.per_host
+        return worker_host(self.cfg, rank)
 
     def worker(self, rank: int) -> tuple[list[str], str]:
         """(command prefix, address) of worker ``rank``."""
         return self._host(self.worker_host(rank))
 
     def server_host(self, i: int) -> int:
-        return i if i < self.colocated else self.worker_hosts + i - self.colocated
+        return server_host(self.cfg, i)
 
     def server(self, i: int) -> tuple[list[str], str]:
         """(command prefix, address to bind) of PS server ``i``."""

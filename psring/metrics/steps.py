@@ -45,12 +45,14 @@ class StepRecord:
     # (busy, total) jiffies of all cores at the start and the end of Synchronizer.step: the CPU of the
     # communication phase alone (compute emulated as a wait would dilute a whole step's utilisation)
     cpu_sync: list | None = None
+    ready: list | None = None  # with --trace: [bucket, s after sync began] when each gradient bucket was ready
 
     def to_json(self) -> dict:
         d = asdict(self)
         d.update(d.pop("sync_phases"))
-        if d["messages"] is None:
-            del d["messages"]
+        for key in ("messages", "ready"):  # --trace only
+            if d[key] is None:
+                del d[key]
         return d
 
 

@@ -4,7 +4,10 @@ One process track per worker ("worker r") and per PS server ("server i"). Worker
 with its phases (data, forward, backward, sync, update) nested under it and the sync phase split into
 its parts (ps: push, wait, pull); a second row ("messages") has a slice per shard message (ps) or
 per all-reduce bucket. Server slices per step: waiting for the slowest worker (first push to
-last push) and the aggregation + update + replies that follow. Times are wall clock, microseconds.
+last push) and the aggregation + update + replies that follow. Marks on the messages row: when each
+gradient bucket was ready (Horovod's readiness marks; a straggler's come late). With ``--net emulated``,
+a counter track per host link ("link: worker 0"): MB/s up and down per ``links.jsonl`` sample. Times
+are wall clock, microseconds.
 """
 from __future__ import annotations
 
@@ -22,6 +25,16 @@ WORKER_PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
 def _slice(name: str, pid: int, ts_s: float, dur_s: float, tid: int = 0, **args) -> dict:
     return {"name": name, "ph": "X", "pid": pid, "tid": tid, "ts": ts_s * 1e6, "dur": max(dur_s, 0) * 1e6,
             "cat": "psring", "args": args}
+
+
+def _instant(name: str, pid: int, ts_s: float, tid: int = 0, **args) -> dict:
+    return {"name": name, "ph": "i", "s": "t", "pid": pid, "tid": tid, "ts": ts_s * 1e6, "cat": "psring",
+            "args": args}
+
+
+def _list(value) -> list:
+    """A record's list field, or [] where it is absent (NaN once pandas filled the column)."""
+    return value if isinstance(value, list) else []
 
 
 def _meta(pid: int, name: str, sort: int) -> list[dict]:
@@ -46,8 +59,10 @@ def worker_events(steps: pd.DataFrame) -> list[dict]:
                     continue
                 events.append(_slice(ph[:-2], pid, t, dur, step=r["step"]))
                 if ph == "sync_s":
-                    for name, offset, mdur in r.get("messages") or []:  # per shard / bucket, own row
+                    for name, offset, mdur in _list(r.get("messages")):  # per shard / bucket, own row
                         events.append(_slice(name, pid, t + offset, mdur, tid=1, step=r["step"]))
+                    for bucket, offset in _list(r.get("ready")):  # Horovod's readiness marks
+                        events.append(_instant(f"bucket {bucket} ready", pid, t + offset, tid=1, step=r["step"]))
                     tp = t
                     for part in SYNC_PARTS:
                         if part in r and not pd.isna(r[part]):
@@ -71,6 +86,28 @@ def server_events(servers: pd.DataFrame, first_pid: int) -> list[dict]:
     return events
 
 
+def link_events(out: Path, first_pid: int) -> list[dict]:
+    """Perfetto counter tracks of every emulated host's link (``links.jsonl``): MB/s up and down per
+    sample interval, one process track per host, named by what runs on it."""
+    from ..config import TrainConfig
+    from ..launch.placement import host_labels
+    from ..net import links
+
+    labels = host_labels(TrainConfig.load(out / "config.json"))
+    events = []
+    for h, label in enumerate(labels):
+        events.append({"name": "process_name", "ph": "M", "pid": first_pid + h, "args": {"name": f"link: {label}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": first_pid + h,
+                       "args": {"sort_index": first_pid + h}})
+    for s in links.load(out / links.FILE):
+        if s["dt"] <= 0:
+            continue
+        for h in range(min(len(labels), len(s["up"]))):
+            events.append({"name": "MB/s", "ph": "C", "pid": first_pid + h, "ts": (s["time"] - s["dt"]) * 1e6,
+                           "args": {"up": s["up"][h] / s["dt"] / 1e6, "down": s["down"][h] / s["dt"] / 1e6}})
+    return events
+
+
 def write_trace(out: Path) -> Path:
     out = Path(out)
     steps = pd.DataFrame(read_jsonl(out / "steps.jsonl"))
@@ -80,6 +117,8 @@ def write_trace(out: Path) -> Path:
     servers = load_server_records(out)
     if not servers.empty:
         events += server_events(servers, first_pid=1000)
+    if (out / "links.jsonl").is_file() and (out / "config.json").is_file():
+        events += link_events(out, first_pid=2000)
     path = out / "trace.json"
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return path

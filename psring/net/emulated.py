@@ -162,6 +162,17 @@ class EmulatedNetwork:
             return prefix
         return prefix + ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', self.hosts[i].addr]
 
+    def switch_prefix(self) -> list[str]:
+        """Prepend to a command line to run it in the switch namespace (where every host's port is)."""
+        return [self._ip, "netns", "exec", self.switch_netns]
+
+    def host_counters(self) -> list[tuple[int, int]]:
+        """(sent, received) bytes of every host's link interface since it was created, as its kernel
+        counts them."""
+        from .links import kernel_totals
+
+        return [kernel_totals(self._ip, h.netns, h.iface) for h in self.hosts]
+
     def __enter__(self) -> Self:
         return self.open()
 

@@ -47,6 +47,7 @@ class SyncStats:
     bytes_sent / bytes_recv: payload bytes this worker put on / took off the wire for the step.
     phases: named parts of sync_s (e.g. ps: push_s, wait_s, pull_s), each a column of steps.jsonl.
     messages: the step's individual transfers (per shard, per bucket), for ``--trace`` timelines.
+    ready: ``[bucket, s after sync began]`` when each gradient bucket was ready (``GradBuckets.ready_offsets``).
     """
 
     sync_s: float | None = 0.0
@@ -55,6 +56,7 @@ class SyncStats:
     bytes_recv: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # parts of sync_s a strategy can tell apart
     messages: list[Message] = field(default_factory=list)
+    ready: list[list] = field(default_factory=list)
 
 
 class Synchronizer(ABC):

@@ -26,6 +26,7 @@ Example::
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -166,6 +167,7 @@ class GradBuckets:
         self._ready: set[int] = set()
         self._order = [[b.index for b in self.buckets if b.group == g] for g in range(groups)]
         self._next = [0] * groups  # per group: position in _order of its next bucket to launch
+        self.ready_at: list[tuple[int, float]] = []  # (bucket, perf_counter) when its gradients were all there
 
     def _hook(self, p: nn.Parameter) -> None:
         buckets, view = self._of[id(p)]
@@ -176,6 +178,7 @@ class GradBuckets:
             b.ready += 1
             if b.ready == len(b.members):
                 self._ready.add(b.index)
+                self.ready_at.append((b.index, time.perf_counter()))
                 self._launch_in_order(b.group)
 
     def _launch_in_order(self, g: int) -> None:
@@ -186,12 +189,21 @@ class GradBuckets:
 
     def flush(self) -> None:
         """Launch every bucket backward did not complete (some parameter got no gradient), in order."""
+        now = time.perf_counter()
+        self.ready_at += [(b.index, now) for b in self.buckets if b.index not in self._ready]
         self._ready.update(range(len(self.buckets)))
         for g in range(len(self._order)):
             self._launch_in_order(g)
+
+    def ready_offsets(self, since: float) -> list[list]:
+        """``[bucket, seconds after since]`` of every bucket whose gradients were all there this step, in
+        the order they became so (negative: before ``since``, i.e. during backward): the readiness marks
+        of a timeline, where a straggler's buckets come late."""
+        return [[i, t - since] for i, t in self.ready_at]
 
     def reset(self) -> None:
         for b in self.buckets:
             b.ready = 0
         self._ready.clear()
+        self.ready_at = []
         self._next = [0] * len(self._order)

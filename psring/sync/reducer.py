@@ -212,10 +212,12 @@ class ReduceSync(Synchronizer):
         messages += [Message(name, t - p0, dur) for name, t, dur in self.reducer.take_messages()]
         self.reducer.end_step()
         self.inflight.clear()
+        ready = self.buckets.ready_offsets(p0)
         self.buckets.reset()
         t1 = self.clock.now()
         update_s = timed_update(self.optimizer, self.device)
-        return SyncStats(t1 - t0, update_s, sent, recv, {self.reducer.wait_phase: t1 - t0}, messages=messages)
+        return SyncStats(t1 - t0, update_s, sent, recv, {self.reducer.wait_phase: t1 - t0}, messages=messages,
+                         ready=ready)
 
     def state_dict(self) -> dict:
         if self.inflight or self.deferred:

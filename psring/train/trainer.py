@@ -95,7 +95,8 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
                              st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
                              st.messages if cfg.trace else None, epoch=epoch, test_acc=acc,
                              wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx,
-                             cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
+                             cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None,
+                             ready=(st.ready or None) if cfg.trace else None)
             # before the step is logged: a restart resumes from a checkpoint whose step every worker logged,
             # so every rank's own file of it (checkpoint.save_rank) is then written too
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:

@@ -134,7 +134,8 @@ class PSSync(Synchronizer):
         sent, recv = tr.bytes()
         stats = SyncStats(sync_s=lap - t0, bytes_sent=sent, bytes_recv=recv,
                           phases={"push_s": push_s, "wait_s": wait_s, "pull_s": pull_s},
-                          messages=[Message(name, t - t0, dur) for t, name, dur in tr.messages])
+                          messages=[Message(name, t - t0, dur) for t, name, dur in tr.messages],
+                          ready=self.buckets.ready_offsets(t0))
         self.buckets.reset()
         tr.end_step()
         return stats
