@@ -104,7 +104,7 @@ def cmd_server(a) -> int:
 def cmd_compare(a) -> int:
     from .compare import run_compare
 
-    return run_compare(a.out, steps=a.steps)
+    return run_compare(a.out, steps=a.steps, net=a.net)
 
 
 def cmd_sweep(a) -> int:
@@ -147,9 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "tensor, which CPU workers use in place without a copy)")
     s.set_defaults(func=cmd_server)
 
-    c = sub.add_parser("compare", help="none at N=1, allreduce and ps at N=2: a table of speedups")
+    c = sub.add_parser("compare", help="as root: none, allreduce, ps S=1 and ps S=N at N = 2, 4 on an emulated "
+                                       "cluster, each beside its model (else on loopback)")
     c.add_argument("--out", default="runs/compare")
-    c.add_argument("--steps", type=int, default=None, help="steps per run (default: as in quick.toml, 40)")
+    c.add_argument("--steps", type=int, default=None,
+                   help="steps per run (default: the preset's, 10 emulated, 40 on loopback)")
+    c.add_argument("--net", choices=("emulated", "loopback"), default=None,
+                   help="default: emulated when this process can build network namespaces (root), else loopback")
     c.set_defaults(func=cmd_compare)
 
     sw = sub.add_parser("sweep", help="run every configuration of a sweep file; writes OUT/runs.csv")

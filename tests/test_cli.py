@@ -64,7 +64,7 @@ def test_loss_falls_over_120_steps(psring, tmp_path, sync, n):
 
 
 def test_compare_prints_its_table(psring, tmp_path):
-    r = psring.run("compare", "--out", str(tmp_path / "cmp"), "--steps", "8", timeout=300)
+    r = psring.run("compare", "--net", "loopback", "--out", str(tmp_path / "cmp"), "--steps", "8", timeout=300)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("strategy"))

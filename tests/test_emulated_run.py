@@ -60,11 +60,25 @@ def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_
     out = tmp_path / "ps"
     r = psring.run("train", "--sync", "ps", "--workers", "2", "--servers", "1", "--net", "emulated",
                    "--link-rate", "1gbit", "--compute", "emulated:20", "--model", "cnn", "--steps", "4",
-                   "--warmup", "1", "--out", str(out), timeout=240)
+                   "--warmup", "1", "--trace", "--out", str(out), timeout=240)
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
     m = grad_bytes("cnn")  # each worker pushes M and gets M back per step, over its own link
     assert m <= s["wire_tx_bytes_per_step"] <= 1.1 * m and m <= s["wire_rx_bytes_per_step"] <= 1.1 * m, s
+    # the launcher's link samples (links.jsonl), summed over the run, are the kernel's interface counters
+    assert s["links_samples"] > 20 and 15 <= s["links_interval_ms"] <= 25, s
+    assert abs(s["links_up_vs_kernel"] - 1) < 0.02 and abs(s["links_down_vs_kernel"] - 1) < 0.02, s
+    assert s["links_worst_host_error"] < 0.02, s
+    rows = [json.loads(line) for line in (out / "links.jsonl").read_text().splitlines()]
+    server_down = sum(row["down"][2] for row in rows)  # host 2: the server, which every push reaches
+    assert server_down >= 2 * 4 * m, (server_down, m)
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert all(rec["ready"] and all(off < rec["sync_s"] for _, off in rec["ready"]) for rec in steps)
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert {e["ph"] for e in trace} >= {"C", "i"}, "link counter tracks and readiness marks"
+    from psring.plot.links import figure_links
+
+    assert figure_links(out) is not None
 
 
 @needs_net
