@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -68,6 +69,23 @@ class Transfer:
         """As a trace message: [name, start perf_counter, duration]."""
         name = f"ring b{self.bucket} {self.phase} {self.step}: {self.src}->{self.dst} chunk {self.chunk}"
         return [f"{name} ({self.bytes / 1e3:.1f} kB)", self.start, self.end - self.start]
+
+    @classmethod
+    def from_message(cls, msg) -> Transfer | None:
+        """The inverse of ``message``: a trace message ``[name, start, duration]`` (as ``steps.jsonl``
+        holds it: start in s after the step's sync began) back into a Transfer, bytes to the 100 B the
+        name keeps; None for any other message (e.g. a bucket's ``ring bucket 1 (2.0 MB)``)."""
+        ok = isinstance(msg, (list, tuple)) and len(msg) == 3 and isinstance(msg[0], str)
+        m = _MESSAGE.fullmatch(msg[0]) if ok else None
+        if m is None:
+            return None
+        bucket, phase, step, src, dst, chunk, kb = m.groups()
+        return cls(int(bucket), phase, int(step), int(src), int(dst), int(chunk), round(float(kb) * 1e3),
+                   float(msg[1]), float(msg[1]) + float(msg[2]))
+
+
+_MESSAGE = re.compile(rf"ring b(\d+) ({re.escape(REDUCE_SCATTER)}|{re.escape(ALL_GATHER)}) (\d+): "
+                      r"(\d+)->(\d+) chunk (\d+) \(([0-9.]+) kB\)")  # Transfer.message's name
 
 
 def schedule(rank: int, world: int) -> Iterator[tuple[str, int, int, int]]:

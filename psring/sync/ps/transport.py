@@ -18,6 +18,7 @@ ahead and the slowest flow's chunks all completing at the end (ByteScheduler's c
 """
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -150,3 +151,17 @@ class ChunkTransport:
     def end_step(self) -> None:
         self.step += 1
         self.new_step()
+
+
+_PUSH = re.compile(r"push chunk (\d+) to server (\d+) \(([0-9.]+) MB\)")  # Transport._push's names
+_REPLY = re.compile(r"params of chunk (\d+) from server (\d+)")
+
+
+def parse_message(name: str) -> tuple[str, int, int, int | None] | None:
+    """A trace message name of ``Transport._push`` read back: ("push", chunk, server, bytes, to the
+    0.01 MiB the name keeps) or ("reply", chunk, server, None); None for any other name."""
+    if isinstance(name, str) and (m := _PUSH.fullmatch(name)):
+        return "push", int(m[1]), int(m[2]), round(float(m[3]) * 2**20)
+    if isinstance(name, str) and (m := _REPLY.fullmatch(name)):
+        return "reply", int(m[1]), int(m[2]), None
+    return None
