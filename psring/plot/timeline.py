@@ -21,7 +21,8 @@ SERVER_COLORS = {"wait for slowest worker": "#d9d9d9", "update + reply": "tab:ol
 LABELS = {"wait": "sync: wait (ps: for servers and the slowest worker)", "push": "sync: push",
           "pull": "sync: pull", "sync": "sync (allreduce: waiting for the ring)",
           "wait for slowest worker": "server: wait for the slowest worker's push",
-          "update + reply": "server: update + reply"}
+          "update + reply": "server: update + reply",
+          "ready": "gradient bucket ready (a tick per bucket: late ticks, a straggler)"}
 
 
 def timeline_strategies() -> tuple[str, ...]:
@@ -37,14 +38,31 @@ def run_info(run_dir: Path) -> dict:
     return {}
 
 
-def _step_records(run_dir: Path) -> pd.DataFrame:
+def step_records(run_dir: Path) -> pd.DataFrame:
     if (run_dir / "steps.jsonl").is_file():
         return pd.DataFrame(read_jsonl(run_dir / "steps.jsonl"))
     recs = [r for f in sorted((run_dir / "ranks").glob("rank*.jsonl")) for r in read_jsonl(f)]
     return pd.DataFrame(recs)
 
 
-def _server_records(run_dir: Path) -> pd.DataFrame:
+def sync_start(r: dict) -> float:
+    """Wall-clock time a step record's sync began (``time`` is the step's end): the origin of its
+    ``messages`` and ``ready`` offsets."""
+    return r["time"] - r["step_s"] + sum(r[f"{p}_s"] for p in WORKER_PHASES[:3] if is_num(r.get(f"{p}_s")))
+
+
+def ready_marks(run_dir: Path) -> pd.DataFrame:
+    """Rows ``row, step, bucket, t`` (wall-clock s): when each gradient bucket of a worker became ready,
+    from the step records' ``ready`` (``--trace``; empty when no record has it)."""
+    marks = []
+    for r in step_records(Path(run_dir)).to_dict("records"):
+        if isinstance(r.get("ready"), list):
+            t0 = sync_start(r)
+            marks += [(f"worker {r['rank']}", r["step"], int(b), t0 + off) for b, off in r["ready"]]
+    return pd.DataFrame(marks, columns=["row", "step", "bucket", "t"])
+
+
+def server_records(run_dir: Path) -> pd.DataFrame:
     """``servers/serverI.jsonl`` with a ``server`` column (as ``psring.results.load_servers``)."""
     frames = [pd.DataFrame(recs).assign(server=int(f.stem.removeprefix("server")))
               for f in sorted((run_dir / "servers").glob("server*.jsonl")) if (recs := read_jsonl(f))]
@@ -99,7 +117,7 @@ def load_segments(run_dir: str | Path) -> pd.DataFrame:
     run_dir = Path(run_dir)
     if (run_dir / "trace.json").is_file():
         return segments_from_trace(run_dir / "trace.json")
-    return segments_from_records(_step_records(run_dir), _server_records(run_dir))
+    return segments_from_records(step_records(run_dir), server_records(run_dir))
 
 
 def pick_steps(segs: pd.DataFrame, warmup: int, count: int) -> list[int]:
@@ -138,6 +156,7 @@ def draw_timeline(ax, run_dir: str | Path, count: int = 3, first: int | None = N
         ax.broken_barh([((s - t0) * 1e3, d * 1e3) for s, d in zip(g["start"], g["dur"])], (y[row] - 0.38, 0.76),
                        facecolors=color, edgecolor="white", linewidth=0.4, label=label,
                        hatch="//" if name == "wait for slowest worker" else None)
+    _draw_ready(ax, ready_marks(run_dir), steps, y, t0)
     workers = segs[segs["row"].str.startswith("worker")]
     for step, g in workers.groupby("step"):
         end = ((g["start"] + g["dur"]).max() - t0) * 1e3
@@ -153,6 +172,14 @@ def draw_timeline(ax, run_dir: str | Path, count: int = 3, first: int | None = N
     return steps
 
 
+def _draw_ready(ax, marks: pd.DataFrame, steps: list[int], y: dict, t0: float) -> None:
+    """A tick per gradient bucket on its worker's row, where the bar's top edge is, when it was ready."""
+    marks = marks[marks["step"].isin(steps) & marks["row"].isin(list(y))]
+    if not marks.empty:
+        ax.plot((marks["t"] - t0) * 1e3, [y[r] + 0.38 for r in marks["row"]], linestyle="none", marker="|",
+                markersize=7, markeredgewidth=1.2, color="black", label=LABELS["ready"])
+
+
 def figure_timeline(run_dirs: list[str | Path], count: int = 3, title: str | None = None):
     """One panel per run, stacked; a shared legend of phases below."""
     heights = [1.2 + 0.45 * len(load_segments(d)["row"].unique()) for d in run_dirs]
@@ -163,7 +190,7 @@ def figure_timeline(run_dirs: list[str | Path], count: int = 3, title: str | Non
         draw_timeline(ax, d, count)
         for h, lab in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(lab, h)
-    order = [LABELS.get(k, k) for k in [*WORKER_PHASES[:3], "sync", *PS_PARTS, "update", *SERVER_COLORS]]
+    order = [LABELS.get(k, k) for k in [*WORKER_PHASES[:3], "sync", *PS_PARTS, "update", *SERVER_COLORS, "ready"]]
     labs = [lab for lab in order if lab in handles]
     fig.legend([handles[lab] for lab in labs], labs, loc="outside lower center", ncols=3, fontsize=8)
     fig.suptitle(title or "Timeline: each worker's phases and each server's work, per step")
