@@ -50,6 +50,22 @@ def save(fig: Figure, out_dir: Path, stem: str, formats: tuple[str, ...] = FORMA
     return paths
 
 
+def save_gif(fig: Figure, draw_frame, frames: int, out_dir: Path, stem: str, fps: float = 1.0,
+             dpi: int = 60) -> Path:
+    """Write ``out_dir/stem.gif``: ``draw_frame(i)`` redraws ``fig`` for frame i of ``frames`` (Pillow,
+    which matplotlib brings; no dates in a GIF, so the same data give the same file)."""
+    from matplotlib.animation import PillowWriter
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{stem}.gif"
+    writer = PillowWriter(fps=fps)
+    with writer.saving(fig, path, dpi):
+        for i in range(frames):
+            draw_frame(i)
+            writer.grab_frame()
+    return path
+
+
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     import io
 
