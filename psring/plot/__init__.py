@@ -12,12 +12,20 @@ What is drawn depends on what the folder holds:
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
 * run folders (``steps.jsonl``, ``ranks/`` or ``trace.json``) -> ``timeline_<run>`` of the run with the
-  most workers (and servers) of each strategy whose communication is timed apart (ps, all-reduce).
+  most workers (and servers) of each strategy whose communication is timed apart (ps, all-reduce), with
+  a tick per gradient bucket when it was ready where the records have ``ready`` (``--trace``);
+* run folders run with ``--trace`` whose step records hold the hand-written ring's transfers ->
+  ``ring_steps_<run>`` (one step's bucket, round by round: what each worker holds, what it sends, each
+  round's time beside alpha + (M/N)/B) and its animation ``ring_steps_<run>.gif``; those of a strategy
+  with servers whose records hold push/reply messages -> ``ps_step_<run>`` (one step's pushes, the
+  servers' wait and update, the replies on one time axis) and ``ps_step_<run>.gif``; the run with the
+  most workers (and servers) of each strategy, as for the timeline.
 
 The cost model (alpha-beta, ``psring.costmodel``) needs the link's alpha and B: from
 ``--calibration FILE`` or ``FOLDER/calibration.json`` (``python -m psring.calibrate --out FOLDER``);
 without one its curves are left out and the legend says so. Figures go to ``FOLDER/figures`` as PNG
-and SVG (``--formats``), written without dates so that the same data give the same files.
+and SVG (``--formats``), animations as GIF whatever the formats, written without dates so that the
+same data give the same files.
 """
 from __future__ import annotations
 
@@ -28,37 +36,58 @@ from pathlib import Path
 import pandas as pd
 
 from ..compress.spec import NONE
-from ..strategies import uses_servers
+from ..strategies import names, uses_servers
 from .breakdown import figure_breakdown
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .compression import figure_compression, figure_seed_spread, figure_time_to_accuracy, has_codecs, \
     has_seed_spread
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
+from .ps_step import animate_ps_step, figure_ps_step, pick_ps_step
+from .ring_steps import animate_ring_steps, figure_ring_steps, has_transfers
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .topology import figure_topology, has_topology
 
-__all__ = ["figure_breakdown", "figure_convergence", "figure_message_size", "figure_servers", "figure_speedup",
-           "figure_timeline", "figure_topology", "main", "model_curve",
-           "plot_results", "show", "timeline_runs"]
+__all__ = ["animate_ps_step", "animate_ring_steps", "figure_breakdown", "figure_convergence",
+           "figure_message_size", "figure_ps_step", "figure_ring_steps", "figure_servers", "figure_speedup",
+           "figure_timeline", "figure_topology", "main", "model_curve", "plot_results", "ps_step_runs",
+           "ring_step_runs", "show", "timeline_runs"]
 
 
-def timeline_runs(folder: Path) -> list[Path]:
-    """A run to draw per strategy of ``timeline.timeline_strategies`` (registry order): most workers, then
-    most servers (first by name)."""
-    shown = timeline_strategies()
+def _best_runs(folder: Path, keep) -> list[Path]:
+    """A run per strategy (registry order) among those for which ``keep(run_dir, info)``: most workers,
+    then most servers (first by name)."""
     best: dict[str, tuple] = {}
     for d in run_folders(folder):
         info = run_info(d)
         sync = info.get("sync")
-        if sync not in shown:
+        if not keep(d, info):
             continue
         key = (int(info.get("workers") or 0), int(info.get("servers") or 0) if uses_servers(sync) else 0)
         if sync not in best or key > best[sync][0]:
             best[sync] = (key, d)
-    return [best[s][1] for s in shown if s in best]
+    return [best[s][1] for s in names() if s in best]
+
+
+def timeline_runs(folder: Path) -> list[Path]:
+    """A run to draw per strategy of ``timeline.timeline_strategies``."""
+    shown = timeline_strategies()
+    return _best_runs(folder, lambda d, info: info.get("sync") in shown)
+
+
+def ring_step_runs(folder: Path) -> list[Path]:
+    """Traced runs (``--trace``) of a strategy without servers whose records hold ring transfers."""
+    return _best_runs(folder, lambda d, info: bool(info.get("trace")) and not uses_servers(info.get("sync"))
+                      and has_transfers(d))
+
+
+def ps_step_runs(folder: Path) -> list[Path]:
+    """Traced runs of a strategy with servers whose records hold push/reply messages and whose servers
+    wrote their records."""
+    return _best_runs(folder, lambda d, info: bool(info.get("trace")) and uses_servers(info.get("sync"))
+                      and any((d / "servers").glob("server*.jsonl")) and pick_ps_step(d) is not None)
 
 
 def _stem(prefix: str, folder: Path, sub: Path) -> str:
@@ -111,6 +140,14 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
 
     for d in timeline_runs(folder):
         written += save(figure_timeline([d]), out, _stem("timeline", folder, d), formats)
+    for d in ring_step_runs(folder):  # the ring round by round, and its animation
+        stem = _stem("ring_steps", folder, d)
+        written += save(figure_ring_steps(d, link), out, stem, formats)
+        written.append(animate_ring_steps(d, out, stem, link))
+    for d in ps_step_runs(folder):  # one PS step: pushes, the servers' work, replies
+        stem = _stem("ps_step", folder, d)
+        written += save(figure_ps_step(d, link), out, stem, formats)
+        written.append(animate_ps_step(d, out, stem))
 
     if not written:
         raise ValueError(f"{folder} has nothing to plot: no runs.csv, bench.csv or run folders (steps.jsonl)")
