@@ -33,7 +33,6 @@ not the same ones a single process would use, and (random) some samples are left
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 PARTITIONS = ("uniform", "stratified", "random")
 
@@ -54,6 +53,8 @@ def _check(n: int, world: int, batch_size: int) -> None:
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     """The permutation of ``range(n)`` of ``uniform`` partitioning in ``epoch`` (torch's generator, so it
     is the same permutation a single process draws)."""
+    import torch  # here: the launcher counts an --epochs run's steps (``epoch_steps``) without torch
+
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(n, generator=g).numpy()
 
@@ -119,6 +120,13 @@ def steps_in_epoch(kind: str, n: int, world: int, batch_size: int, seed: int, ep
     if kind == "random":
         return int(random_sizes(n, world, batch_size, seed, epoch).min()) // batch_size
     raise ValueError(f"unknown partition {kind!r}; available: {', '.join(PARTITIONS)}")
+
+
+def epoch_steps(kind: str, n: int, world: int, batch_size: int, seed: int, epochs: int) -> list[int]:
+    """The steps of each of the first ``epochs`` epochs (``steps_in_epoch``): ``--epochs E`` runs their sum."""
+    if constant_steps(kind):
+        return [steps_in_epoch(kind, n, world, batch_size, seed, 0)] * epochs
+    return [steps_in_epoch(kind, n, world, batch_size, seed, e) for e in range(epochs)]
 
 
 def constant_steps(kind: str) -> bool:
