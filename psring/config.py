@@ -31,6 +31,7 @@ CONSISTENCY = ("bsp", "ssp", "asp")
 PS_DESIGNS = ("server-optimizer", "aggregate")
 NETS = ("loopback", "emulated")
 PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
+DEFAULT_STEPS = 50  # without --steps or --epochs
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
 # the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
@@ -88,7 +89,8 @@ class TrainConfig:
     partition: str = opt("uniform", "how the training set is split over workers", section="data",
                          choices=PARTITIONS)
     batch_size: int = opt(32, "per-worker batch size B", section="data", short="-b", check=at_least(1))
-    steps: int = opt(50, "training steps", section="run", check=at_least(1))
+    steps: int | None = opt(None, f"training steps (default {DEFAULT_STEPS}, or those of --epochs)",
+                            section="run", check=at_least(1))
     seed: int = opt(0, "seed of the weights and of the data", section="run")
     augment: bool = opt(False, "random crop + horizontal flip", section="data")
     optim: OptimConfig = nested(OptimConfig)
@@ -162,6 +164,10 @@ class TrainConfig:
     link_sample_ms: int = opt(20, "read every emulated host link's byte counters every MS ms into links.jsonl "
                               "(the launcher does, not the workers; 0: off)", section="network",
                               check=at_least(0))
+    # epochs last, likewise; validate() turns them into steps (config.json holds both)
+    epochs: int | None = opt(None, "train E epochs instead of --steps: E passes over the training set, each "
+                             "worker over its partition (E x the steps of an epoch at global batch N x B, "
+                             "a last partial batch dropped)", section="run", check=at_least(1), metavar="E")
 
     @property
     def samples(self) -> int:
@@ -219,6 +225,7 @@ class TrainConfig:
                 check_available(self.dataset, self.data_dir)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        checks.resolve_steps(self, DEFAULT_STEPS)  # after the data's checks: --epochs counts its samples
         return self
 
     def _check_sections(self, s: strategies.Strategy) -> None:

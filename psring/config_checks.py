@@ -98,3 +98,57 @@ def check_ps(cfg) -> None:
                     shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def train_size(cfg) -> int:
+    """How many samples ``datasets.build_dataset`` gives the workers to train on, counted without
+    generating or reading them where it can (synthetic: the number asked; cifar10: its files' records)."""
+    from .train import datasets
+
+    if cfg.dataset == "synthetic":
+        return cfg.samples
+    if cfg.dataset == "cifar10":
+        folder = datasets.cifar10_dir(cfg.data_dir)
+        size = sum((folder / f).stat().st_size for f in datasets.CIFAR10_FILES["train"])
+        n = size // datasets.CIFAR10_RECORD  # whole records each (check_available)
+    else:
+        n = len(datasets.build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir))
+    return n if cfg.num_samples is None else min(n, cfg.num_samples)
+
+
+def epoch_steps(cfg) -> list[int]:
+    """The steps of each of ``cfg.epochs`` epochs, as the workers' ``ShardedBatches`` cut them (BSP: the
+    smallest partition's whole batches of B, so N x B samples a step; a last partial batch is dropped)."""
+    from .train.partition import epoch_steps as steps
+
+    try:
+        return steps(cfg.partition, train_size(cfg), cfg.workers, cfg.batch_size, cfg.seed, cfg.epochs)
+    except ValueError as e:  # a global batch larger than the data set
+        raise ConfigError(f"--epochs {cfg.epochs}: {e}") from None
+
+
+def resolve_steps(cfg, default: int) -> None:
+    """``cfg.steps``: those of ``--epochs E`` (``epoch_steps``' sum), else ``--steps``, else ``default``.
+    Both given must agree: config.json holds both once resolved, and every worker validates it again
+    (under torchrun each rank resolves them itself, the same way); otherwise a one-line error."""
+    if cfg.epochs is None:
+        cfg.steps = default if cfg.steps is None else cfg.steps
+        return
+    steps = sum(epoch_steps(cfg))
+    if cfg.steps is not None and cfg.steps != steps:
+        raise ConfigError(f"--steps {cfg.steps} and --epochs {cfg.epochs} (= {steps} steps) disagree: "
+                          f"give one of them")
+    cfg.steps = steps
+
+
+def epochs_line(cfg) -> str:
+    """What ``--epochs`` became, for the terminal: ``psring: 3 epochs = 234 steps (10,000 samples, 4
+    workers x batch 32: 78 steps an epoch, 16 samples an epoch left out)``."""
+    per = epoch_steps(cfg)
+    n, gb = train_size(cfg), cfg.global_batch
+    each = f"{per[0]:,} steps an epoch" if min(per) == max(per) else \
+        f"{min(per):,}-{max(per):,} steps an epoch, {cfg.partition} partition"
+    left = n - min(per) * gb if min(per) == max(per) else None
+    dropped = f", {left:,} samples an epoch left out" if left else ""
+    return (f"psring: {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = {cfg.steps:,} steps ({n:,} samples, "
+            f"{cfg.workers} worker{'s' * (cfg.workers != 1)} x batch {cfg.batch_size}: {each}{dropped})")

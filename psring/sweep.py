@@ -10,6 +10,8 @@ A sweep file has up to three tables (see experiments/)::
 
 Keys are ``psring train`` option names with ``_`` (``batch_size``, ``lr``, ...). ``servers = "N"``
 means as many servers as workers; ``servers`` only applies to ``ps`` (other strategies get one run).
+``epochs = E`` instead of ``steps``: each run trains E epochs of its own global batch (so its baseline, one
+worker, runs N times its steps); runs.csv has both ``epochs`` and the ``steps`` they became.
 Finished runs (``runs/ID/summary.json`` with the same config) are skipped when the sweep is run again;
 a failed run is recorded with its reason and the sweep goes on.
 
@@ -34,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import strategies
-from .config import ConfigError, OptimConfig, TrainConfig
+from .config import DEFAULT_STEPS, ConfigError, OptimConfig, TrainConfig
 
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
 CONFIG_KEYS = ({f.name for f in dataclasses.fields(TrainConfig)} - {"optim", "out", "ps_addrs"}) | OPTIM_KEYS
@@ -88,6 +90,8 @@ def _setting(run: dict, k: str):
     """A run's value of setting ``k``: as the sweep gives it, else TrainConfig's default."""
     if k in run:
         return run[k]
+    if k == "steps" and run.get("epochs") is None:  # None until validate(), which may count --epochs
+        return DEFAULT_STEPS
     d = TrainConfig()
     return getattr(d.optim if k in OPTIM_KEYS else d, k, None)
 

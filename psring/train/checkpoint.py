@@ -106,9 +106,10 @@ def check_compatible(ckpt: dict, config: dict, where: str) -> None:
         if ckpt["config"].get(k) != config.get(k):
             raise CheckpointError(f"checkpoint in {where} was written with {k}={ckpt['config'].get(k)!r}, "
                                   f"this run has {k}={config.get(k)!r}")
-    if ckpt["step"] + 1 >= config["steps"]:
-        raise CheckpointError(f"checkpoint in {where} is after step {ckpt['step']}: nothing left of "
-                              f"--steps {config['steps']}")
+    if ckpt["step"] + 1 >= config["steps"]:  # --epochs E: the steps they became (config.resolve_steps)
+        asked = f"--epochs {config['epochs']} (= {config['steps']} steps)" if config.get("epochs") else \
+            f"--steps {config['steps']}"
+        raise CheckpointError(f"checkpoint in {where} is after step {ckpt['step']}: nothing left of {asked}")
 
 
 def last_step(out: Path) -> int | None:
