@@ -124,6 +124,10 @@ def launch(cfg: TrainConfig, echo: bool = True, *, overwrite: bool = False, forc
             if in_place:
                 keep_upto(out, base)  # the records up to the checkpoint stay; the resumed run redoes the rest
             resolve_compute(cfg, echo)
+            if echo and cfg.epochs:  # validate() made them steps; every worker reads those in config.json
+                from ..config_checks import epochs_line
+
+                print(epochs_line(cfg), flush=True)
             # a restart may fall back to the checkpoint resumed from (elsewhere: in place, it is one of out's)
             asked = (base, path_of(cfg.resume)) if cfg.resume and not in_place else None
             return run_with_restarts(cfg, out, echo, max_restarts, base, asked)

@@ -160,6 +160,7 @@ def finalize_run(out: Path, config: dict) -> dict:
     write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     warmup = min(config.get("warmup", 3), max(0, config["steps"] - 1))
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
+    summary["epochs"] = config.get("epochs")  # --epochs E (None: --steps), which became ``steps``
     summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     if config.get("trace"):

@@ -145,6 +145,10 @@ def save_model(model: torch.nn.Module, path: Path) -> None:
 def main_worker(cfg: TrainConfig) -> int:
     """Entry point of ``psring worker``: train, report a failure on one line (traceback above it in the
     log); outside the launcher (torchrun), hand the records to rank 0, which merges them."""
+    if cfg.epochs and not launched_by_psring() and os.environ.get("RANK", "0") == "0":
+        from ..config_checks import epochs_line  # every rank resolved them alike (config.validate)
+
+        print(epochs_line(cfg), flush=True)  # the launcher's line, which torchrun has none of
     try:
         train(cfg)
     except Exception as e:  # noqa: BLE001 - turned into one line for the launcher, full traceback in the log
