@@ -168,6 +168,10 @@ class TrainConfig:
     epochs: int | None = opt(None, "train E epochs instead of --steps: E passes over the training set, each "
                              "worker over its partition (E x the steps of an epoch at global batch N x B, "
                              "a last partial batch dropped)", section="run", check=at_least(1), metavar="E")
+    # the emulated links' tbf burst last, likewise
+    link_burst: str = opt("1mb", "tbf's burst of every emulated link (e.g. 128kb where messages are a few MB: a "
+                          "1 MB credit refilled during compute carries part of each step faster than the rate)",
+                          section="network")
 
     @property
     def samples(self) -> int:

@@ -59,7 +59,8 @@ class Placement:
         first = self.worker_hosts  # the first dedicated server host
         overrides = {first + i: cfg.server_link_rate for i in range(self.dedicated)} if cfg.server_link_rate else None
         check_available()  # NetError (a ConfigError): one line, exit 2
-        self.net = EmulatedNetwork(first + self.dedicated, cfg.link_rate, overrides, cfg.link_delay).open()
+        self.net = EmulatedNetwork(first + self.dedicated, cfg.link_rate, overrides, cfg.link_delay,
+                                   cfg.link_burst).open()
 
     def _host(self, i: int) -> tuple[list[str], str]:
         if self.net is None:

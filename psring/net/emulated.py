@@ -45,6 +45,9 @@ IFACE = "eth0"
 #   time. The burst term already holds several GSO packets per sender, so 10, 20 and 50 ms all gave full
 #   rate and fair incast shares (2 and 4 senders); more only adds queueing delay to every RTT under load.
 BURST = "1mb"
+# A smaller burst (e.g. 128kb, fine at 100 Mbit by the above) when messages are only a few MB: a 1 MB credit
+# refilled during compute then carries a visible share of each step for free, faster than the link's rate.
+_BURST_RE = re.compile(r"^\d+(?:kb|mb)$")
 LATENCY = "20ms"
 
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
@@ -122,12 +125,12 @@ class EmulatedNetwork:
     """``n_hosts`` namespaces on one shaped switch; use as a context manager (or ``open()``/``close()``).
 
     ``link_rate`` applies to both directions of every host's link; ``rate_overrides`` ({host index: rate})
-    gives some hosts (e.g. PS servers) another one. ``delay`` (e.g. ``"5ms"``) is added once on the way
+    gives some hosts (e.g. PS servers) another one; ``burst``: tbf's bucket (see ``BURST``). ``delay`` (e.g. ``"5ms"``) is added once on the way
     between any two hosts (on each host's upload), so host-to-host RTT grows by twice that.
     """
 
     def __init__(self, n_hosts: int, link_rate: str, rate_overrides: dict[int, str] | None = None,
-                 delay: str | None = None):
+                 delay: str | None = None, burst: str = BURST):
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise NetError(f"emulated network: {n_hosts} hosts requested, 1 to {MAX_HOSTS} supported")
         rates = {i: parse_rate(link_rate) for i in range(n_hosts)}
@@ -139,7 +142,10 @@ class EmulatedNetwork:
         if delay is not None and not _DELAY_RE.match(delay):
             raise NetError(f"bad link delay {delay!r}: use a number and a unit, e.g. 200us, 5ms, "
                            f"0.1s")
-        self.delay = delay
+        if not _BURST_RE.match(burst) or int(burst[:-2]) * (1024 if burst.endswith("kb") else 2**20) < 64 * 1024:
+            raise NetError(f"bad link burst {burst!r}: use kilobytes or megabytes, at least 64kb (veth hands tbf "
+                           f"64 KB packets), e.g. 128kb, 1mb")
+        self.delay, self.burst = delay, burst
         self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}-"  # unique per run: runs can coexist
         self.switch_netns = self.prefix + "sw"
         self.hosts = [Host(i, f"{self.prefix}h{i}", f"{SUBNET}.{i + 1}", rates[i])
@@ -252,7 +258,7 @@ class EmulatedNetwork:
             _run([ip, "-n", sw, "link", "set", port, "master", "br0", "up"], "attach a port to the bridge")
             _run([ip, "-n", h.netns, "addr", "add", f"{h.addr}/24", "dev", h.iface], "set an address")
             _run([ip, "-n", h.netns, "link", "set", h.iface, "up"], f"bring up {h.iface}")
-            tbf = ["tbf", "rate", f"{h.rate_bps}bit", "burst", BURST, "latency", LATENCY]
+            tbf = ["tbf", "rate", f"{h.rate_bps}bit", "burst", self.burst, "latency", LATENCY]
             if self.delay is None:
                 _run([tc, "-n", h.netns, "qdisc", "replace", "dev", h.iface, "root", *tbf],
                      "shape the upload")
