@@ -1,76 +1,131 @@
-"""Every notebook under notebooks/ runs top to bottom, headless, without an error, and is committed
-with its outputs cleared.
+"""Every notebook under notebooks/ is committed executed, so that a reader browsing the repository sees
+its tables and figures, and a fresh headless run of it succeeds and prints what the committed file shows.
 
-The notebooks are executed in memory with nbclient (nothing is written back into the repository), with
-the notebooks directory as the working directory and matplotlib's non-interactive Agg backend. They
-read only the committed results/ folders, so all of them together take well under two minutes.
+The committed file: every code cell has run, in order, in one kernel (execution counts 1, 2, ...) and
+shows at least one output, none of them an error; figures are PNG only and small; no execution timings
+or widget state. ``python notebooks/execute.py`` writes the files this way.
 
-The kernel is always *this* interpreter: the test writes a ``python3`` kernelspec that starts
-``sys.executable -m ipykernel_launcher`` into a temporary directory and puts it first on JUPYTER_PATH.
-Whatever other ``python3`` kernelspecs the machine has (a user-level one pointing at another Python
-without psring, or none at all) cannot then change which Python runs the notebook.
+The fresh run: each notebook is executed in memory by that script's own ``run`` (nbclient, this folder
+as the working directory, matplotlib's Agg backend, the kernel *this* interpreter through a ``python3``
+kernelspec for ``sys.executable`` first on a temporary JUPYTER_PATH, so that no other kernelspec of the
+machine can change which Python runs it). Nothing is written into the repository. What its cells print
+(streams and the text of their results, not the pixels of figures) must equal the committed outputs:
+a notebook edited, or data or code it reads changed, without re-executing it fails here. The notebooks
+read only the committed results/ folders, so all of them together take well under a minute.
 """
 from __future__ import annotations
 
+import base64
+import difflib
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-ipykernel_kernelspec = pytest.importorskip("ipykernel.kernelspec")
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-CELL_TIMEOUT_S = 120
 KERNEL = "python3"
+MAX_IMAGE_BYTES = 200_000
+MAX_NOTEBOOK_BYTES = 2_000_000
+IMAGE_MIMES = ("image/png", "image/jpeg", "image/gif", "image/svg+xml", "application/pdf")
+
+
+def load_execute_script():
+    """notebooks/execute.py as a module (no package there), without a __pycache__ in notebooks/."""
+    spec = importlib.util.spec_from_file_location("notebooks_execute", NOTEBOOK_DIR / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = saved
+    return module
+
+
+def read(path: Path):
+    return nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+
+
+def code_cells(nb) -> list[tuple[int, dict]]:
+    return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
+
+def printed(cell) -> str:
+    """What a code cell shows as text: its streams, and the text/plain of its results and displays."""
+    return "".join(o.get("text", "") if o.output_type == "stream"
+                   else o.get("data", {}).get("text/plain", "") + "\n" for o in cell.get("outputs", []))
 
 
 def test_there_are_notebooks():
     assert NOTEBOOKS, f"no *.ipynb in {NOTEBOOK_DIR}"
+    assert (NOTEBOOK_DIR / "execute.py").is_file()
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_is_committed_clean(path: Path):
-    """Outputs cleared (small diffs, no stale figures) and a markdown cell first that says what it shows."""
-    nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+def test_notebook_is_committed_executed(path: Path):
+    """Executed top to bottom, every code cell showing something, no errors, small PNG figures only."""
+    fix = f"; run python notebooks/execute.py {path.stem}"
+    assert path.stat().st_size < MAX_NOTEBOOK_BYTES, f"{path.name}: {path.stat().st_size:,} bytes, too large"
+    nb = read(path)
     nbformat.validate(nb)
     assert nb.cells and nb.cells[0].cell_type == "markdown", f"{path.name}: start with a markdown cell"
-    dirty = [i for i, c in enumerate(nb.cells)
-             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count") is not None)]
-    assert not dirty, f"{path.name}: clear the outputs of cells {dirty}"
     assert nb.metadata.get("kernelspec", {}).get("name") == KERNEL
+    assert "widgets" not in nb.metadata, f"{path.name}: widget state committed{fix}"
+    cells = code_cells(nb)
+    counts = [c.get("execution_count") for _, c in cells]
+    assert counts == list(range(1, len(cells) + 1)), f"{path.name}: not executed top to bottom in one go " \
+                                                      f"(execution counts {counts}){fix}"
+    silent = [i for i, c in cells if not c.outputs]
+    assert not silent, f"{path.name}: code cells {silent} show no output (end each with what it computed)"
+    errors = [i for i, c in cells if any(o.output_type == "error" for o in c.outputs)]
+    assert not errors, f"{path.name}: cells {errors} committed with an error"
+    timed = [i for i, c in enumerate(nb.cells) if "execution" in c.metadata]
+    assert not timed, f"{path.name}: cells {timed} carry execution timings{fix}"
+    for i, c in cells:
+        for o in c.outputs:
+            data = o.get("data", {})
+            other = [m for m in data if m in IMAGE_MIMES and m != "image/png"]
+            assert not other, f"{path.name}, cell {i}: figures as PNG only, not {other}"
+            if "image/png" in data:
+                size = len(base64.b64decode(data["image/png"]))
+                assert size < MAX_IMAGE_BYTES, f"{path.name}, cell {i}: a {size:,}-byte PNG; lower its DPI"
 
 
 @pytest.fixture
-def kernel_env(tmp_path, monkeypatch):
-    """A ``python3`` kernelspec for the current interpreter, found before any other; headless matplotlib."""
-    kernels = tmp_path / "jupyter" / "kernels"
-    kernels.mkdir(parents=True)
-    ipykernel_kernelspec.write_kernel_spec(kernels / KERNEL)
-    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
-    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "runtime"))  # connection files
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    from jupyter_client.kernelspec import KernelSpecManager
+def execute_script():
+    """notebooks/execute.py, inside its kernel environment (restored afterwards)."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel.kernelspec")
+    pytest.importorskip("ipywidgets")  # notebook 04's sliders; without it the notebook prints other text
+    script = load_execute_script()
+    with script.kernel_env():
+        from jupyter_client.kernelspec import KernelSpecManager
 
-    spec = KernelSpecManager().get_kernel_spec(KERNEL)
-    assert spec.argv[0] == sys.executable, spec.argv
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+        assert spec.argv[0] == sys.executable, spec.argv
+        yield script
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, kernel_env):
+def test_notebook_runs(path: Path, execute_script):
     source = path.read_bytes()
     before = sorted(NOTEBOOK_DIR.rglob("*"))
-    nb = nbformat.reads(source.decode("utf-8"), as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name=KERNEL, timeout=CELL_TIMEOUT_S,
-                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    error = None
+    nb = read(path)
     try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as e:
-        error = e
-    if error is not None:  # outside the except block, so the report is the cell's traceback alone
-        pytest.fail(f"{path.name} failed:\n{error}", pytrace=False)
+        execute_script.clean(execute_script.run(nb, path.name))
+    except execute_script.NotebookError as e:
+        pytest.fail(str(e), pytrace=False)
     assert path.read_bytes() == source, f"{path.name} was modified by running it"
     assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{path.name} wrote files into {NOTEBOOK_DIR}"
+    committed = dict(code_cells(read(path)))
+    stale = [i for i, c in code_cells(nb) if printed(c) != printed(committed[i])]
+    if stale:
+        i = stale[0]
+        diff = difflib.unified_diff(printed(committed[i]).splitlines(), printed(nb.cells[i]).splitlines(),
+                                    "committed", "fresh run", lineterm="")
+        diff = "\n".join(list(diff)[:30])
+        pytest.fail(f"{path.name}: cells {stale} print other text than their committed outputs; re-run "
+                    f"python notebooks/execute.py {path.stem}\ncell {i}:\n{diff}", pytrace=False)
