@@ -19,7 +19,9 @@ What is drawn depends on what the folder holds:
   round's time beside alpha + (M/N)/B) and its animation ``ring_steps_<run>.gif``; those of a strategy
   with servers whose records hold push/reply messages -> ``ps_step_<run>`` (one step's pushes, the
   servers' wait and update, the replies on one time axis) and ``ps_step_<run>.gif``; the run with the
-  most workers (and servers) of each strategy, as for the timeline.
+  most workers (and servers) of each strategy, as for the timeline;
+* every run folder with ``links.jsonl`` (``--net emulated``: the launcher's link samples) -> ``links_<run>``
+  (a host x time heatmap of each direction's link utilisation over a few steps).
 
 The cost model (alpha-beta, ``psring.costmodel``) needs the link's alpha and B: from
 ``--calibration FILE`` or ``FOLDER/calibration.json`` (``python -m psring.calibrate --out FOLDER``);
@@ -38,6 +40,7 @@ import pandas as pd
 from ..compress.spec import NONE
 from ..strategies import names, uses_servers
 from .breakdown import figure_breakdown
+from .links import figure_links, link_runs
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .compression import figure_compression, figure_seed_spread, figure_time_to_accuracy, has_codecs, \
     has_seed_spread
@@ -148,6 +151,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         stem = _stem("ps_step", folder, d)
         written += save(figure_ps_step(d, link), out, stem, formats)
         written.append(animate_ps_step(d, out, stem))
+    for d in link_runs(folder):  # every emulated run whose launcher sampled its links
+        written += save(figure_links(d), out, _stem("links", folder, d), formats)
 
     if not written:
         raise ValueError(f"{folder} has nothing to plot: no runs.csv, bench.csv or run folders (steps.jsonl)")

@@ -163,7 +163,8 @@ def draw_round(ax, held: list[list[frozenset]], phase: str, k: int, transfers: l
 def draw_round_times(ax, table: pd.DataFrame, m_bytes: int, n: int) -> None:
     x = np.arange(len(table))
     ax.bar(x, table["span_s"] * 1e3, color="0.75", label="measured: earliest start to latest end over the workers")
-    ax.plot(x, table["median_s"] * 1e3, "ko", markersize=4, label="measured: median of the workers' durations")
+    ax.plot(x, table["median_s"] * 1e3, "o", color="black", markerfacecolor="none", markersize=8, zorder=4,
+            label="measured: median of the workers' durations")
     if table["model_s"].notna().any():
         ax.plot(x, table["model_s"] * 1e3, "D--", color="tab:red", markersize=4,
                 label=f"model: α + (M/N)/B per round, M = {m_bytes / 1e3:.1f} kB")
@@ -207,8 +208,8 @@ def figure_ring_steps(run_dir: str | Path, link: Link | None = None, step: int |
         fig.colorbar(im, ax=grid_axes, shrink=0.8, ticks=range(1, n + 1),
                      label="workers' gradients in the copy (Σ: all N)")
     draw_round_times(fig.add_subplot(gs[2, :]), round_times(rs, _link_of(run_dir, link)), rs.bucket_bytes, n)
-    fig.suptitle(f"Ring all-reduce, {run_title(run_dir, run_info(run_dir))}: step {rs.step}, bucket {rs.bucket} "
-                 f"({rs.bucket_bytes / 1e3:.1f} kB), replayed from the recorded transfers\nwhat each worker holds "
+    fig.suptitle(f"Ring all-reduce, {run_title(run_dir, run_info(run_dir))}\nstep {rs.step}, bucket {rs.bucket} "
+                 f"({rs.bucket_bytes / 1e3:.1f} kB), replayed from the recorded transfers: what each worker holds "
                  "after each round;\nframed and arrowed: the chunk each worker sent to its right neighbour",
                  fontsize=9)
     return fig
