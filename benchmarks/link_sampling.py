@@ -4,7 +4,7 @@
     python benchmarks/link_sampling.py [--repeats 3] [--steps 12] [--out results/link_sampling]   (root)
 
 Each pair of runs is one configuration (4 workers, 50 Mbit links, compute emulated, ring and ps S=1) with
-sampling on, then off, then on..., so drift on the machine lands on both alike. Writes OUT/runs.csv (one
+sampling on, then off, then on..., so drift on the machine lands on both alike. Writes OUT/link_sampling.csv (one
 row per run: median step and sync time, CPU utilisation, the sampler's own CPU seconds and the links'
 sums against the kernel's counters) and OUT/summary.json: per configuration the median step time with
 over without sampling, beside the spread of the runs of one setting (what "within noise" is measured
@@ -64,7 +64,7 @@ def main() -> int:
     out = Path(a.out)
     rows = [one_run(name, ms, rep, a.steps, out) for rep in range(a.repeats) for name in CONFIGS for ms in (20, 0)]
     df = pd.DataFrame(rows)
-    df.to_csv(out / "runs.csv", index=False)
+    df.to_csv(out / "link_sampling.csv", index=False)
     summary = {"machine": f"{platform.node()}: {platform.processor() or platform.machine()}, "
                           f"{__import__('os').cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
                "repeats": a.repeats, "steps": a.steps, "configs": summarize(df)}

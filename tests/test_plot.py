@@ -16,8 +16,9 @@ from psring.plot.speedup import compute_time, figure_speedup, model_curve, split
 from psring.plot.timeline import load_segments, segments_from_trace
 
 ROOT = Path(__file__).resolve().parent.parent
-# results/chaos is a table of kills survived (chaos.csv), no runs to draw
-RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name != "chaos")
+# results/chaos is a table of kills survived (chaos.csv), results/link_sampling one of paired runs
+# (link_sampling.csv): no runs to draw
+RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name not in ("chaos", "link_sampling"))
 # The figures each committed folder must give, at least (any further folder: just some figure).
 EXPECTED = {
     "bandwidth": {"speedup", "breakdown"},
@@ -33,7 +34,17 @@ EXPECTED = {
     "compression_sync": {"compression", "breakdown"},
     "compression_precision": {"convergence", "seed_spread"},
     "topology": {"topology", "breakdown"},
+    "visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
+                "ps_step_sync-ps_workers-4_servers-4_straggler-None",
+                "links_sync-ps_workers-4_servers-1_straggler-None", "links_sync-ps_workers-4_servers-4_straggler-None",
+                "links_sync-ring_workers-4_servers-1_straggler-None",
+                "timeline_sync-allreduce_workers-4_servers-1_straggler-2:3"},
+    "compare_emulated": {"speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
+                         "links_sync-allreduce_workers-4_servers-1"},
 }
+# Animations beside their figures (the rest of a folder's figures are PNG and SVG only)
+GIFS = {"visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
+                    "ps_step_sync-ps_workers-4_servers-4_straggler-None"}}
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
 
 
@@ -50,6 +61,10 @@ def test_plot_results_writes_png_and_svg(folder, tmp_path):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
         text = svg.read_text()
         assert "<svg" in text and "</svg>" in text and len(text) > 10_000
+    gifs = {p.stem for p in paths if p.suffix == ".gif"}
+    assert GIFS.get(folder.name, set()) <= gifs, gifs
+    for stem in gifs:
+        assert (tmp_path / f"{stem}.gif").read_bytes()[:6] == b"GIF89a"
     assert sorted(tmp_path.iterdir()) == sorted(paths)  # nothing else written
 
 
