@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..metrics.jsonl import read_jsonl
 from .reaper import CMD_TIMEOUT_S
 
 FILE = "links.jsonl"
@@ -82,14 +83,8 @@ def kernel_totals(ip: str, netns: str, iface: str) -> tuple[int, int]:
 
 
 def load(path: Path) -> list[dict]:
-    """The samples of ``links.jsonl`` (a torn last line from a killed sampler is dropped)."""
-    rows = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+    """The samples of ``links.jsonl`` (a torn last line from a killed sampler is skipped)."""
+    return read_jsonl(path)
 
 
 def check(path: Path, kernel: list[tuple[int, int]], cpu_file: Path | None = None) -> dict:
