@@ -39,7 +39,7 @@ EXPECTED = {
                 "links_sync-ps_workers-4_servers-1_straggler-None", "links_sync-ps_workers-4_servers-4_straggler-None",
                 "links_sync-ring_workers-4_servers-1_straggler-None",
                 "timeline_sync-allreduce_workers-4_servers-1_straggler-2:3"},
-    "compare_emulated": {"speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
+    "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }
 # Animations beside their figures (the rest of a folder's figures are PNG and SVG only)

@@ -7,7 +7,9 @@ What is drawn depends on what the folder holds:
   ``servers`` (sync time vs S beside its bound, the ring's beside); without ``runs.csv``, the
   ``summary.json`` files of its run folders give ``breakdown`` alone; with hosts of several workers
   (``workers_per_host`` > 1) ``topology`` (every arrangement's sync time beside its bound, and BytePS's
-  colocated + k dedicated servers curve) instead of ``servers``;
+  colocated + k dedicated servers curve) instead of ``servers``; emulated runs at several N over one
+  link rate, with and without servers (``psring compare`` as root) -> ``compare`` (sync time vs N beside
+  the model);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
@@ -39,7 +41,9 @@ import pandas as pd
 
 from ..compress.spec import NONE
 from ..strategies import names, uses_servers
+from ..bounds import with_bounds
 from .breakdown import figure_breakdown
+from .compare import figure_compare, has_compare
 from .links import figure_links, link_runs
 from .common import FORMATS, find_calibration, run_folders, run_table, save, show
 from .compression import figure_compression, figure_seed_spread, figure_time_to_accuracy, has_codecs, \
@@ -127,6 +131,10 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
             written += save(figure_servers(runs, link), out, "servers", formats)
         if has_topology(runs):  # hosts of several workers: every arrangement beside its bound
             written += save(figure_topology(runs, link), out, "topology", formats)
+        bounded = with_bounds(runs) if "sync_s_p50" in runs else runs
+        if has_compare(bounded):  # psring compare's table: sync time vs N beside the model
+            ok = bounded[bounded["status"] == "ok"] if "status" in bounded else bounded
+            written += save(figure_compare(ok), out, "compare", formats)
 
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:

@@ -8,6 +8,22 @@ from ..strategies import uses_servers
 from .common import PS_COLORS, SERIES_COLORS, new_figure
 
 
+def has_compare(runs: pd.DataFrame) -> bool:
+    """A table of ``psring compare``'s shape: emulated runs at several N over one link rate, with a
+    strategy that has servers and one that has not (and no codecs, no hosts of several workers)."""
+    if "net" not in runs or "bound_s" not in runs:
+        return False
+    df = runs[(runs["workers"] > 1) & (runs["net"] == "emulated")]
+    if df.empty or df["workers"].nunique() < 2 or df["link_rate"].nunique() != 1:
+        return False
+    if df.get("compress", pd.Series(dtype=str)).fillna("none").nunique() > 1:
+        return False
+    if pd.to_numeric(df.get("workers_per_host", pd.Series(dtype=float)), errors="coerce").fillna(0).max() > 1:
+        return False
+    servers = df["sync"].map(uses_servers)
+    return bool(servers.any() and (~servers).any())
+
+
 def figure_compare(runs: pd.DataFrame):
     """``runs``: ``psring compare``'s table with ``bounds.with_bounds``' columns."""
     from ..compare import series
