@@ -51,7 +51,8 @@ def test_train_writes_its_outputs(psring, tmp_path):
     assert "fc2.weight" in torch.load(out / "model.pt")
 
 
-@pytest.mark.parametrize("sync,n", [("none", 1), ("ps", 2)])  # allreduce, ddp: test_equivalence, test_compressed
+# ps: tests/test_convergence.py (digits to 90% at N=4); allreduce, ddp: test_equivalence, test_compressed
+@pytest.mark.parametrize("sync,n", [("none", 1)])
 def test_loss_falls_over_120_steps(psring, tmp_path, sync, n):
     out = tmp_path / "run"
     args = ["train", "--sync", sync, "--workers", str(n), "--steps", "120", "--batch-size", "32",

@@ -15,8 +15,7 @@ from psring.topology import server_shares
 
 
 @pytest.mark.parametrize("sync,n,g,s,extra", [
-    ("hierarchical", 4, 2, 1, SMALL_BUCKETS),  # 2 hosts x 2, buckets of odd lengths (padded for the scatter)
-    ("hierarchical", 6, 2, 1, ()),  # 3 hosts x 2
+    ("hierarchical", 6, 2, 1, SMALL_BUCKETS),  # 3 hosts x 2, buckets of odd lengths (padded for the scatter)
     ("ps", 4, 2, 2, ("--ps-placement", "colocated")),  # a server on each of the 2 hosts
     ("ps", 4, 2, 3, ("--ps-placement", "mixed", "--ps-design", "aggregate")),  # 2 colocated, 1 dedicated
 ])

@@ -117,16 +117,30 @@ def _bar(ax, y, a, b, cut, **kw) -> None:
         ax.broken_barh([(a, min(b, cut) - a)], (y - 0.3, 0.6), **kw)
 
 
-def _line(ax, x0, y0, x1, y1, cut, color, **kw) -> None:
-    """A message from (x0, y0) to (x1, y1); only the part up to ``cut``, an arrowhead once it arrived."""
+def _line(lines: dict, x0, y0, x1, y1, cut, color, style: str = "-") -> None:
+    """A message from (x0, y0) to (x1, y1) into ``lines`` (drawn at once by ``_draw_lines``): only the part
+    up to ``cut``, with an arrowhead once it arrived."""
     if x0 > cut:
         return
+    segs, heads = lines.setdefault((color, style), ([], []))
     if x1 <= cut:
-        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
-                    arrowprops=dict(arrowstyle="-|>", color=color, linewidth=0.9, shrinkA=0, shrinkB=0, **kw))
+        segs.append([(x0, y0), (x1, y1)])
+        heads.append((x1, y1, "v" if y1 < y0 else "^"))
     elif x1 > x0:
         f = (cut - x0) / (x1 - x0)
-        ax.plot([x0, cut], [y0, y0 + f * (y1 - y0)], color=color, linewidth=0.9)
+        segs.append([(x0, y0), (cut, y0 + f * (y1 - y0))])
+
+
+def _draw_lines(ax, lines: dict) -> None:
+    """Every message line as one collection per colour and style (hundreds of single arrows are slow to draw)."""
+    from matplotlib.collections import LineCollection
+
+    for (color, style), (segs, heads) in lines.items():
+        ax.add_collection(LineCollection(segs, colors=color, linewidths=0.9, linestyles=style))
+        for marker in ("v", "^"):
+            xy = [(x, y) for x, y, m in heads if m == marker]
+            if xy:
+                ax.scatter(*zip(*xy), marker=marker, color=color, s=14, zorder=3, linewidths=0)
 
 
 def draw_ps_step(ax, ps: PSStep, cut: float | None = None, t0: float | None = None) -> None:
@@ -137,15 +151,17 @@ def draw_ps_step(ax, ps: PSStep, cut: float | None = None, t0: float | None = No
     ms = ps.msgs.assign(start=(ps.msgs["start"] - t0) * 1e3, end=(ps.msgs["end"] - t0) * 1e3)
     srv = {int(s.server): [(v - t0) * 1e3 for v in (s.t_first_push, s.t_last_push, s.t_done)]
            for s in ps.servers.itertuples()}
+    lines: dict = {}
     for m in ms.itertuples():
         color, yw, ys = PS_COLORS[m.server % len(PS_COLORS)], y[f"worker {m.rank}"], y[f"server {m.server}"]
         first, last, done = srv.get(m.server, (m.end, m.end, m.end))
         if m.kind == "push":  # in at the server between its first push in and its last
             _bar(ax, yw, m.start, m.end, cut, facecolors=color)
-            _line(ax, m.start, yw - 0.3, min(max(m.end, first), last), ys + 0.3, cut, color)
+            _line(lines, m.start, yw - 0.3, min(max(m.end, first), last), ys + 0.3, cut, color)
         else:
             _bar(ax, yw, m.start, m.end, cut, facecolors=color, alpha=0.18)
-            _line(ax, min(done, m.end), ys + 0.3, m.end, yw - 0.3, cut, color, linestyle="--")
+            _line(lines, min(done, m.end), ys + 0.3, m.end, yw - 0.3, cut, color, "--")
+    _draw_lines(ax, lines)
     for s in ps.servers.itertuples():
         a, b, c = ((v - t0) * 1e3 for v in (s.t_first_push, s.t_last_push, s.t_done))
         _bar(ax, y[f"server {s.server}"], a, b, cut, facecolors=SERVER_COLORS["wait for slowest worker"],
