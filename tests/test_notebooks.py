@@ -16,6 +16,7 @@ read only the committed results/ folders, so all of them together take well unde
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import difflib
 import importlib.util
 import sys
@@ -94,9 +95,13 @@ def test_notebook_is_committed_executed(path: Path):
                 assert size < MAX_IMAGE_BYTES, f"{path.name}, cell {i}: a {size:,}-byte PNG; lower its DPI"
 
 
-@pytest.fixture
-def execute_script():
-    """notebooks/execute.py, inside its kernel environment (restored afterwards)."""
+RUN_AT_ONCE = 2  # notebooks executed side by side: each kernel is one single-threaded process, 2 cores here
+
+
+@pytest.fixture(scope="module")
+def fresh_runs():
+    """Every notebook executed by notebooks/execute.py's own ``run`` inside its kernel environment, two at a
+    time: {path: the executed notebook, or the NotebookError}, and whether anything in notebooks/ changed."""
     pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel.kernelspec")
     pytest.importorskip("ipywidgets")  # notebook 04's sliders; without it the notebook prints other text
@@ -106,20 +111,31 @@ def execute_script():
 
         spec = KernelSpecManager().get_kernel_spec(KERNEL)
         assert spec.argv[0] == sys.executable, spec.argv
-        yield script
+        sources = {p: p.read_bytes() for p in NOTEBOOKS}
+        before = sorted(NOTEBOOK_DIR.rglob("*"))
+
+        def one(path: Path):
+            nb = read(path)
+            try:
+                return script.clean(script.run(nb, path.name))
+            except script.NotebookError as e:
+                return e
+
+        with concurrent.futures.ThreadPoolExecutor(RUN_AT_ONCE) as pool:
+            runs = dict(zip(NOTEBOOKS, pool.map(one, NOTEBOOKS)))
+        changed = [p.name for p in NOTEBOOKS if p.read_bytes() != sources[p]]
+        wrote = sorted(NOTEBOOK_DIR.rglob("*")) != before
+    yield runs, changed, wrote
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
-def test_notebook_runs(path: Path, execute_script):
-    source = path.read_bytes()
-    before = sorted(NOTEBOOK_DIR.rglob("*"))
-    nb = read(path)
-    try:
-        execute_script.clean(execute_script.run(nb, path.name))
-    except execute_script.NotebookError as e:
-        pytest.fail(str(e), pytrace=False)
-    assert path.read_bytes() == source, f"{path.name} was modified by running it"
-    assert sorted(NOTEBOOK_DIR.rglob("*")) == before, f"{path.name} wrote files into {NOTEBOOK_DIR}"
+def test_notebook_runs(path: Path, fresh_runs):
+    runs, changed, wrote = fresh_runs
+    nb = runs[path]
+    if isinstance(nb, Exception):
+        pytest.fail(str(nb), pytrace=False)
+    assert path.name not in changed, f"{path.name} was modified by running it"
+    assert not wrote, f"running the notebooks wrote files into {NOTEBOOK_DIR}"
     committed = dict(code_cells(read(path)))
     stale = [i for i, c in code_cells(nb) if printed(c) != printed(committed[i])]
     if stale:

@@ -2,7 +2,9 @@
 the same files, bad input is one line and exit code 2, and the cost-model curve matches hand values."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import multiprocessing
 import shutil
 from pathlib import Path
 
@@ -51,10 +53,33 @@ GIFS = {"visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
 L = Link(alpha_s=1e-4, bandwidth_Bps=1e8)  # 100 us, 100 MB/s: M = 1e8 B takes 1 s
 
 
+def formats_of(folder: Path) -> tuple[str, ...]:
+    return ("png",) if folder.name in PNG_ONLY else ("png", "svg")
+
+
+def _plot(folder: Path, out: Path) -> list[Path] | Exception:
+    try:
+        return plot.plot_results(folder, out=out, formats=formats_of(folder))
+    except Exception as e:  # reported by the folder's own test
+        return e
+
+
+@pytest.fixture(scope="module")
+def plotted(tmp_path_factory):
+    """Every committed folder plotted, two at a time (each plot is one single-threaded process; 2 cores):
+    {folder name: (its out dir, the paths written or the exception)}."""
+    outs = {f.name: tmp_path_factory.mktemp(f.name) for f in RESULTS}
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = dict(zip(outs, pool.map(_plot, RESULTS, outs.values())))
+    return {name: (outs[name], done[name]) for name in outs}
+
+
 @pytest.mark.parametrize("folder", RESULTS, ids=[p.name for p in RESULTS])
-def test_plot_results_writes_png_and_svg(folder, tmp_path):
-    formats = ("png",) if folder.name in PNG_ONLY else ("png", "svg")
-    paths = plot.plot_results(folder, out=tmp_path, formats=formats)
+def test_plot_results_writes_png_and_svg(folder, plotted):
+    tmp_path, paths = plotted[folder.name]
+    if isinstance(paths, Exception):
+        raise paths
+    formats = formats_of(folder)
     assert paths, folder
     assert len(paths) == len(set(paths))
     stems = {p.stem for p in paths}

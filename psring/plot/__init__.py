@@ -103,6 +103,15 @@ def _stem(prefix: str, folder: Path, sub: Path) -> str:
     return prefix if rel in ("", ".") else f"{prefix}_{rel.replace('/', '-')}"
 
 
+def _compare(runs: pd.DataFrame, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """``compare`` for a table of ``psring compare``'s shape (sync time vs N beside the model), else nothing."""
+    bounded = with_bounds(runs) if "sync_s_p50" in runs else runs
+    if not has_compare(bounded):
+        return []
+    ok = bounded[bounded["status"] == "ok"] if "status" in bounded else bounded
+    return save(figure_compare(ok), out, "compare", formats)
+
+
 def plot_results(folder: str | Path, calibration: str | Path | None = None,
                  formats: tuple[str, ...] | list[str] = FORMATS, out: str | Path | None = None) -> list[Path]:
     """Write every figure that applies to ``folder`` into ``out`` (default ``folder/figures``); return
@@ -131,10 +140,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
             written += save(figure_servers(runs, link), out, "servers", formats)
         if has_topology(runs):  # hosts of several workers: every arrangement beside its bound
             written += save(figure_topology(runs, link), out, "topology", formats)
-        bounded = with_bounds(runs) if "sync_s_p50" in runs else runs
-        if has_compare(bounded):  # psring compare's table: sync time vs N beside the model
-            ok = bounded[bounded["status"] == "ok"] if "status" in bounded else bounded
-            written += save(figure_compare(ok), out, "compare", formats)
+        written += _compare(runs, out, formats)
 
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:
