@@ -3,7 +3,8 @@
 
     python benchmarks/link_sampling.py [--repeats 3] [--steps 12] [--out results/link_sampling]   (root)
 
-Each pair of runs is one configuration (4 workers, 50 Mbit links, compute emulated, ring and ps S=1) with
+Each pair of runs is one configuration (4 workers; ring and ps S=1 on 50 Mbit links with compute emulated,
+and the ring with real compute on 1 Gbit links, which saturates 2 cores) with
 sampling on, then off, then on..., so drift on the machine lands on both alike. Writes OUT/link_sampling.csv (one
 row per run: median step and sync time, CPU utilisation, the sampler's own CPU seconds and the links'
 sums against the kernel's counters) and OUT/summary.json: per configuration the median step time with
@@ -23,7 +24,10 @@ import pandas as pd
 from psring.config import TrainConfig
 from psring.launch.launcher import launch
 
-CONFIGS = {"ring N=4": dict(sync="ring", workers=4), "ps N=4 S=1": dict(sync="ps", workers=4, servers=1)}
+# the third with real compute on 1 Gbit links: 4 workers' forward and backward then saturate the 2 cores,
+# where the sampler's own CPU could show (at 50 Mbit the ring's sync still dominates and the cores idle)
+CONFIGS = {"ring N=4": dict(sync="ring", workers=4), "ps N=4 S=1": dict(sync="ps", workers=4, servers=1),
+           "ring N=4, real compute, 1 Gbit": dict(sync="ring", workers=4, compute="real", link_rate="1gbit")}
 FIXED = dict(net="emulated", link_rate="50mbit", compute="emulated:100", model="cnn", batch_size=32, warmup=2,
              overlap=False, eval=False, num_samples=4096)
 KEEP = ["step_s_p50", "sync_s_p50", "cpu_util", "links_samples", "links_up_vs_kernel", "links_down_vs_kernel",
@@ -31,8 +35,9 @@ KEEP = ["step_s_p50", "sync_s_p50", "cpu_util", "links_samples", "links_up_vs_ke
 
 
 def one_run(name: str, sample_ms: int, rep: int, steps: int, out: Path) -> dict:
-    cfg = TrainConfig(**CONFIGS[name], **FIXED, steps=steps, link_sample_ms=sample_ms,
-                      out=str(out / "runs" / f"{name.replace(' ', '_').replace('=', '')}_{sample_ms}ms_{rep}"))
+    slug = "".join(c if c.isalnum() else "_" for c in name)
+    cfg = TrainConfig(**{**FIXED, **CONFIGS[name]}, steps=steps, link_sample_ms=sample_ms,
+                      out=str(out / "runs" / f"{slug}_{sample_ms}ms_{rep}"))
     t0 = time.monotonic()
     s = launch(cfg, echo=False, overwrite=True)
     wall = time.monotonic() - t0
