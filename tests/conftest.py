@@ -75,6 +75,36 @@ class Psring:
         kill_mentioning(str(self.tmp))
 
 
+def run_concurrently(runner: Psring, jobs: dict, at_once: int = 3, timeout: float = 300) -> dict:
+    """``psring`` runs of ``jobs`` ({key: args}), ``at_once`` at a time: most of a short run is starting
+    processes and waiting for peers, which overlap. {key: CompletedProcess}; output goes to files (a pipe
+    nobody reads could fill). ``runner.reap()`` kills what is left."""
+    pending, running, done = list(jobs.items()), {}, {}
+    deadline = time.monotonic() + timeout
+    while pending or running:
+        while pending and len(running) < at_once:
+            key, args = pending.pop(0)
+            log = runner.tmp / f"concurrent-{len(done) + len(running)}-{os.getpid()}"
+            out, err = open(f"{log}.out", "w+"), open(f"{log}.err", "w+")
+            p = subprocess.Popen([sys.executable, "-m", "psring", *args], stdout=out, stderr=err, text=True,
+                                 start_new_session=True)
+            runner.procs.append(p)
+            running[key] = (p, args, out, err)
+        for key, (p, args, out, err) in list(running.items()):
+            if p.poll() is not None:
+                texts = []
+                for f in (out, err):
+                    f.seek(0)
+                    texts.append(f.read())
+                    f.close()
+                done[key] = subprocess.CompletedProcess(args, p.returncode, *texts)
+                del running[key]
+        if time.monotonic() > deadline:
+            pytest.fail(f"runs {sorted(map(str, running))} did not finish within {timeout} s")
+        time.sleep(0.05)
+    return done
+
+
 @pytest.fixture
 def psring(tmp_path):
     runner = Psring(tmp_path)

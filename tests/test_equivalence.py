@@ -44,17 +44,36 @@ def reference(tmp_path_factory):
 SMALL_BUCKETS = ("--bucket-mb", "0.1", "--first-bucket-mb", "0.01")  # many buckets, launched mid-backward
 
 
-@pytest.mark.parametrize("sync,n,s,extra", [
+CASES = [
     # (ps 2x2 and allreduce at N=3 with default buckets: their variants below cover them)
     ("ps", 2, 1, ()), ("allreduce", 2, 1, ()), ("ddp", 2, 1, ()), ("ps", 3, 2, ()),
     ("allreduce", 3, 1, SMALL_BUCKETS), ("ps", 3, 2, SMALL_BUCKETS),
     ("allreduce", 2, 1, ("--no-overlap",)), ("ps", 2, 2, ("--no-overlap",)),
     ("ps", 2, 2, ("--frame-kb", "4")),  # every large tensor split over many frames
-])
-def test_matches_single_process_on_global_batch(psring, tmp_path, reference, sync, n, s, extra):
-    r = psring.run(*train_args(tmp_path / "run", sync, n, s, extra=extra))
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every case's run, three at a time (each is mostly starting processes and waiting for peers):
+    {case: (CompletedProcess, its out dir)}."""
+    from conftest import Psring, run_concurrently
+
+    tmp = tmp_path_factory.mktemp("equivalence")
+    runner = Psring(tmp)
+    outs = {c: tmp / f"run{i}" for i, c in enumerate(CASES)}
+    try:
+        done = run_concurrently(runner, {c: train_args(outs[c], *c[:3], extra=c[3]) for c in CASES}, at_once=3)
+        yield {c: (done[c], outs[c]) for c in CASES}
+    finally:
+        runner.reap()
+
+
+@pytest.mark.parametrize("sync,n,s,extra", CASES)
+def test_matches_single_process_on_global_batch(runs, reference, sync, n, s, extra):
+    r, out = runs[(sync, n, s, extra)]
     assert r.returncode == 0, r.stderr
-    got = torch.load(tmp_path / "run" / "model.pt")
+    got = torch.load(out / "model.pt")
     ref = reference(n)
     diff = max_rel_diff(got, ref)
     assert diff <= TOL, f"{sync} N={n} S={s}: max relative difference {diff:.2e} > {TOL}"
