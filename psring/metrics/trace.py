@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..net.links import FILE as LINKS_FILE
 from .jsonl import read_jsonl
 from .summary import SYNC_PARTS
 
@@ -94,11 +95,8 @@ def link_events(out: Path, first_pid: int) -> list[dict]:
     from ..net import links
 
     labels = host_labels(TrainConfig.load(out / "config.json"))
-    events = []
-    for h, label in enumerate(labels):
-        events.append({"name": "process_name", "ph": "M", "pid": first_pid + h, "args": {"name": f"link: {label}"}})
-        events.append({"name": "process_sort_index", "ph": "M", "pid": first_pid + h,
-                       "args": {"sort_index": first_pid + h}})
+    events = [e for h, label in enumerate(labels)
+              for e in _meta(first_pid + h, f"link: {label}", first_pid + h)[:2]]  # (no thread rows)
     for s in links.load(out / links.FILE):
         if s["dt"] <= 0:
             continue
@@ -117,7 +115,7 @@ def write_trace(out: Path) -> Path:
     servers = load_server_records(out)
     if not servers.empty:
         events += server_events(servers, first_pid=1000)
-    if (out / "links.jsonl").is_file() and (out / "config.json").is_file():
+    if (out / LINKS_FILE).is_file() and (out / "config.json").is_file():
         events += link_events(out, first_pid=2000)
     path = out / "trace.json"
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..compress.spec import NONE
 from ..strategies import uses_servers
 from .common import PS_COLORS, SERIES_COLORS, new_figure
+from .topology import has_topology
 
 
 def has_compare(runs: pd.DataFrame) -> bool:
@@ -16,9 +18,7 @@ def has_compare(runs: pd.DataFrame) -> bool:
     df = runs[(runs["workers"] > 1) & (runs["net"] == "emulated")]
     if df.empty or df["workers"].nunique() < 2 or df["link_rate"].nunique() != 1:
         return False
-    if df.get("compress", pd.Series(dtype=str)).fillna("none").nunique() > 1:
-        return False
-    if pd.to_numeric(df.get("workers_per_host", pd.Series(dtype=float)), errors="coerce").fillna(0).max() > 1:
+    if df.get("compress", pd.Series(dtype=str)).fillna(NONE).nunique() > 1 or has_topology(df):
         return False
     servers = df["sync"].map(uses_servers)
     return bool(servers.any() and (~servers).any())
