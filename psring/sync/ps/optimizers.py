@@ -10,6 +10,10 @@ a gradient that arrived in several frames is applied frame by frame, straight fr
 a per-tensor step count, so it updates whole keys only (``whole = True``: the store joins a split
 gradient first).
 
+Every region reaches torch's kernel as whole 64-byte blocks (``lane_blocks``), so an element's update
+does not depend on where chunks and frames cut its parameter: the same bits on any S, chunk size or
+frame split (issue #25; ``tests/test_chunking_invariance.py``).
+
 State (``state_tensors`` / ``load_state``, for checkpoints): named ``KIND/KEY`` with torch's names for
 the kinds (``momentum_buffer``; ``exp_avg``, ``exp_avg_sq``, ``step``), each in its parameter's shape
 (``step``: a float32 scalar), so a shard restored from them continues bit for bit.
@@ -17,6 +21,7 @@ the kinds (``momentum_buffer``; ``exp_avg``, ``exp_avg_sq``, ``step``), each in 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.optim.adam import adam
 from torch.optim.sgd import sgd
 
@@ -96,6 +101,37 @@ def _load(dst: torch.Tensor, src) -> None:
     src.copy_into(dst)
 
 
+# torch's fused CPU optimizers run a vectorised body over each tensor they are given and a scalar loop
+# over its last numel % (vector width) elements, and the two round differently (the body uses FMA):
+# 1 ulp apart on AVX2 and AVX-512, equal only with ATEN_CPU_CAPABILITY=default. Which elements fall in a
+# tail would then depend on where chunk and frame boundaries cut a parameter, and so would the last bit
+# of a resumed run on another S (issue #25). 64 bytes is a multiple of every vector width torch uses,
+# and its kernels split work between threads at 64-byte units.
+LANE_BYTES = 64
+
+
+def lane_blocks(ts: tuple, written: tuple[int, ...], back: list) -> list[tuple]:
+    """``ts``: one region's 1-D tensors of one length (parameter, gradient, state; None where a state is
+    absent). Returns it as regions of whole 64-byte blocks for the fused kernel: the body in place, a
+    tail as a zero-padded block of its own (so it takes the vectorised path too), and appends to
+    ``back`` the ``(destination, padded)`` pairs of the ``written`` tensors' tails, for ``copy_back``
+    after the kernel ran. Zero padding is harmless: SGD and Adam map zeros to finite values, dropped."""
+    n = ts[0].numel()
+    block = max(1, LANE_BYTES // ts[0].element_size())
+    tail = n % block
+    if tail == 0:
+        return [ts]
+    body = n - tail
+    padded = tuple(None if t is None else F.pad(t[body:], (0, block - tail)) for t in ts)
+    back += [(ts[i][body:], padded[i]) for i in written if ts[i] is not None]
+    return ([tuple(None if t is None else t[:body] for t in ts)] if body else []) + [padded]
+
+
+def copy_back(back: list[tuple]) -> None:
+    for dst, padded in back:
+        dst.copy_(padded[:dst.numel()])
+
+
 class ServerSGD:
     """SGD with momentum and weight decay (dampening 0, no Nesterov), in place, one fused call per update."""
 
@@ -123,8 +159,12 @@ class ServerSGD:
                     for k, o, _, g in ready for b in (bufs[k],)]
         else:
             moms = [None] * len(ready)
+        back: list = []
+        blocks = [b for r in zip(params, grads, moms) for b in lane_blocks(r, (0, 2), back)]
+        params, grads, moms = (list(c) for c in zip(*blocks))
         sgd(params, grads, moms, fused=True, weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
             dampening=0.0, nesterov=False, maximize=False)
+        copy_back(back)
 
 
 class ServerAdam:
@@ -155,10 +195,15 @@ class ServerAdam:
         if len(set(keys)) != len(keys) or any(r[1] != 0 or r[2].numel() != self.exp_avg[r[0]].numel()
                                               for r in ready):
             raise ValueError("Adam updates whole keys, each at most once per call")
-        adam([r[2] for r in ready], [r[3] for r in ready], [self.exp_avg[k] for k in keys],
-             [self.exp_avg_sq[k] for k in keys], [], [self.steps[k] for k in keys], fused=True,
-             amsgrad=False, beta1=cfg.betas[0], beta2=cfg.betas[1], lr=cfg.lr, weight_decay=cfg.weight_decay,
-             eps=cfg.eps, maximize=False)
+        blocks, steps, back = [], [], []
+        for k, _, p, g in ready:  # a key's step count once, copies for its padded tail (the kernel adds 1 to each)
+            mine = lane_blocks((p, g, self.exp_avg[k], self.exp_avg_sq[k]), (0, 2, 3), back)
+            steps += [self.steps[k]] + [self.steps[k].clone() for _ in mine[1:]]
+            blocks += mine
+        p, g, m, v = (list(c) for c in zip(*blocks))
+        adam(p, g, m, v, [], steps, fused=True, amsgrad=False, beta1=cfg.betas[0], beta2=cfg.betas[1],
+             lr=cfg.lr, weight_decay=cfg.weight_decay, eps=cfg.eps, maximize=False)
+        copy_back(back)
 
 
 def make_server_optimizer(cfg: OptimConfig, params: dict[str, torch.Tensor]):
