@@ -31,6 +31,7 @@ CONSISTENCY = ("bsp", "ssp", "asp")
 PS_DESIGNS = ("server-optimizer", "aggregate")
 NETS = ("loopback", "emulated")
 PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
+OVERLAPS = strategies.OVERLAPS  # none | backward | full
 DEFAULT_STEPS = 50  # without --steps or --epochs
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
@@ -110,8 +111,10 @@ class TrainConfig:
     bucket_mb: float | None = opt(None, _BUCKET_HELP, section="buckets", check=above(0))
     first_bucket_mb: float = opt(1.0, "first all-reduce bucket, MB, so communication starts early in backward",
                                  section="buckets", check=above(0))
-    overlap: bool = opt(True, "communicate only after backward (default: each bucket as soon as it is ready)",
-                        section="buckets")
+    overlap: str = opt("backward", "when communication runs: none (all of it after backward), backward (each "
+                       "bucket as soon as it is ready), full (also during the next forward: each layer waits "
+                       "only for its own parameters)", section="buckets", choices=OVERLAPS,
+                       aliases=(("--no-overlap", "none"),))
     frame_kb: int = opt(1024, "largest ZeroMQ frame of a push, KB (0 = one per tensor)", section="ps",
                         check=at_least(0, " (0 = one frame per tensor)"))
     ps_window: int | None = opt(None, "most pushpulls unanswered per server (default ceil(4/S) on --net "
@@ -188,6 +191,10 @@ class TrainConfig:
         g = self.workers_per_host or (1 if self.net == "emulated" else self.workers)
         return min(g, self.workers)
 
+    def __post_init__(self) -> None:
+        if isinstance(self.overlap, bool):  # config.json and experiment files written before --overlap MODE
+            self.overlap = "backward" if self.overlap else "none"
+
     @property
     def hosts(self) -> int:
         """H = N / G, the hosts the workers are on."""
@@ -206,10 +213,7 @@ class TrainConfig:
         check_options(self)
         if self.bucket_mb is None:
             self.bucket_mb = s.bucket_mb
-        if not self.overlap and not s.deferrable:
-            alt = strategies.where(cost_model=s.cost_model, deferrable=True) or strategies.where(deferrable=True)
-            raise ConfigError(f"--no-overlap: --sync {s.name} ({s.help}) always overlaps communication with "
-                              f"backward and has no switch to stop it; use --sync {alt[0]} --no-overlap")
+        checks.check_overlap(self, s)
         if self.dataset == "synthetic" and self.global_batch > self.samples:
             raise ConfigError(
                 f"global batch {self.global_batch} (= --batch-size {self.batch_size} x --workers {self.workers}) "

@@ -75,6 +75,21 @@ def check_placement(cfg) -> None:
                           f"(got {cfg.servers}); with k >= {h} use --ps-placement dedicated")
 
 
+def check_overlap(cfg, s) -> None:
+    """``--overlap MODE`` where strategy ``s`` honours it; ``full`` with BSP only: its forward waits for
+    the parameters of the step just sent, which SSP/ASP replies need not be."""
+    from . import strategies
+
+    if cfg.overlap not in s.overlaps:
+        alt = [n for n in strategies.where(cost_model=s.cost_model) if cfg.overlap in strategies.get(n).overlaps]
+        alt = alt or [n for n in strategies.names() if cfg.overlap in strategies.get(n).overlaps]
+        raise ConfigError(f"--overlap {cfg.overlap}: --sync {s.name} ({s.help}) runs only --overlap "
+                          f"{' | '.join(s.overlaps)}; use --sync {alt[0]} --overlap {cfg.overlap}")
+    if cfg.overlap == "full" and s.servers and cfg.consistency != "bsp":
+        raise ConfigError(f"--overlap full needs --consistency bsp (got {cfg.consistency}): the next forward "
+                          f"waits for this step's parameters, which SSP/ASP do not promise; use --overlap backward")
+
+
 def check_ps(cfg) -> None:
     """The servers' own rules, here before anything starts: the design/consistency/staleness combination
     (``consistency.check_semantics``, which every server applies to its init) and the shard plan

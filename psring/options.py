@@ -48,6 +48,7 @@ class Option:
     short: str | None = None
     metavar: str | tuple[str, ...] | None = None
     commands: tuple[str, ...] = COMMANDS
+    aliases: tuple[tuple[str, Any], ...] = ()  # (flag, value): a switch that sets the option to value
 
 
 def opt(default, help: str, *, section: str, **kw):
@@ -171,6 +172,9 @@ def add_arguments(p: argparse.ArgumentParser, cls, sections: dict[str, str], com
         if "action" not in kind:  # LR, not argparse's OPTIM.LR from the dest
             kind["metavar"] = o.metavar or ("|".join(o.choices) if o.choices else d.flag[2:].upper().replace("-", "_"))
         groups[o.section].add_argument(*flags, dest=d.dest, default=d.default, help=_help(d), **kind)
+        for flag, value in o.aliases:  # e.g. --no-overlap for --overlap none
+            groups[o.section].add_argument(flag, dest=d.dest, action="store_const", const=value,
+                                           help=f"the same as {d.flag} {value}")
 
 
 def from_namespace(cls, ns: argparse.Namespace, path: tuple[str, ...] = ()):

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+OVERLAPS = ("none", "backward", "full")  # --overlap: after backward; during it; during the next forward too
+
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .sync.base import Synchronizer
@@ -25,7 +27,7 @@ class Strategy:
     is taken against. ``cost_model``: its key in ``costmodel.STRATEGIES`` (None: it moves no bytes).
     ``bench_raw``: the raw transport ``psring bench`` times it against (None: not benchable).
     ``sync_timed``: whether its communication can be timed apart from backward (DDP's cannot).
-    ``bucket_mb``: its default ``--bucket-mb``. ``deferrable``: it honours ``--no-overlap``. ``options``: the config sections (``config.SECTIONS``)
+    ``bucket_mb``: its default ``--bucket-mb``. ``overlaps``: the ``--overlap`` modes it honours. ``options``: the config sections (``config.SECTIONS``)
     it reads beyond the common ones; an option of another strategy's section left off its default is
     refused. ``reducer``: for the "reduce, then local optimizer" family (``sync.reducer.ReduceSync``),
     ``reducer(process_group_info) -> Reducer``; ``build`` wraps it, and ``psring bench`` times it
@@ -44,7 +46,7 @@ class Strategy:
     bench_raw: str | None = None
     sync_timed: bool = True
     bucket_mb: float = 25.0
-    deferrable: bool = True
+    overlaps: tuple[str, ...] = ("none", "backward", "full")
     options: tuple[str, ...] = ()
     reducer: Callable | None = None
     codecs: tuple[str, ...] = ()
@@ -153,7 +155,7 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              process_group=True, cost_model="two_level", bench_raw="raw_allreduce",
              reducer=_hierarchical_reducer, codecs=REDUCE_CODECS),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
-             process_group=True, cost_model="allreduce", sync_timed=False, deferrable=False,
+             process_group=True, cost_model="allreduce", sync_timed=False, overlaps=("backward",),
              codecs=("fp16", "bf16", "powersgd")),
     Strategy("none", "no communication: each worker trains alone (N=1: the baseline of every speedup)",
              "no communication", "tab:gray", _none, baseline=True),

@@ -152,8 +152,12 @@ def make_config(run: dict, out: Path) -> TrainConfig:
 
 
 def _comparable(cfg: dict) -> dict:
-    """A config as it reads back from config.json (tuples become lists), without run-specific paths."""
-    return json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}))
+    """A config as it reads back from config.json (tuples become lists), without run-specific paths; an
+    ``overlap`` written as a bool before ``--overlap MODE`` as the mode it was."""
+    out = json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}))
+    if isinstance(out.get("overlap"), bool):
+        out["overlap"] = "backward" if out["overlap"] else "none"
+    return out
 
 
 def is_finished(run_dir: Path, cfg: TrainConfig) -> bool:

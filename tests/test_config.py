@@ -13,7 +13,7 @@ import pytest
 
 from psring import strategies
 from psring.cli import build_parser, config_from_args
-from psring.config import SECTIONS, ConfigError, OptimConfig, TrainConfig, section_titles
+from psring.config import OVERLAPS, SECTIONS, ConfigError, OptimConfig, TrainConfig, section_titles
 from psring.options import declared, undeclared
 from psring.sweep import is_finished
 
@@ -142,12 +142,28 @@ def test_the_ps_options_are_refused_for_a_strategy_without_servers(sync):
     assert "--servers only applies to --sync ps" in one_line_error("--sync", sync, "--servers", "2")
 
 
-@pytest.mark.parametrize("sync", strategies.where(deferrable=False))
-def test_no_overlap_is_refused_where_it_cannot_be_honoured(sync):
-    msg = one_line_error("--sync", sync, "--no-overlap")
-    alt = strategies.where(cost_model=strategies.get(sync).cost_model, deferrable=True)[0]
-    assert msg.startswith("--no-overlap") and f"use --sync {alt} --no-overlap" in msg
-    assert parse("--sync", alt, "--no-overlap").overlap is False
+@pytest.mark.parametrize("mode", ["none", "full"])
+@pytest.mark.parametrize("sync", [n for n in strategies.names() if strategies.get(n).overlaps != OVERLAPS])
+def test_an_overlap_mode_is_refused_where_it_cannot_be_honoured(sync, mode):
+    if mode in strategies.get(sync).overlaps:
+        pytest.skip(f"{sync} honours --overlap {mode}")
+    msg = one_line_error("--sync", sync, "--overlap", mode)
+    alt = next(n for n in strategies.where(cost_model=strategies.get(sync).cost_model)
+               if mode in strategies.get(n).overlaps)
+    assert msg.startswith(f"--overlap {mode}") and f"use --sync {alt} --overlap {mode}" in msg
+    assert parse("--sync", alt, "--overlap", mode).overlap == mode
+    assert one_line_error("--sync", sync, "--no-overlap") == one_line_error("--sync", sync, "--overlap", "none")
+
+
+def test_overlap_modes_and_the_old_switch():
+    """--no-overlap is --overlap none; configs written with a bool read back as the mode they meant; full
+    needs BSP (the next forward waits for this step's parameters)."""
+    assert parse("--no-overlap").overlap == "none" and parse().overlap == "backward"
+    assert TrainConfig(overlap=False).overlap == "none" and TrainConfig(overlap=True).overlap == "backward"
+    assert TrainConfig.from_dict({**TrainConfig().to_dict(), "overlap": False}).overlap == "none"
+    msg = one_line_error("--sync", "ps", "--consistency", "asp", "--overlap", "full")
+    assert msg.startswith("--overlap full needs --consistency bsp")
+    assert "must be one of none, backward, full" in one_line_error("--overlap", "sometimes")
 
 
 @pytest.mark.parametrize("sync", strategies.names())

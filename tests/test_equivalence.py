@@ -51,6 +51,16 @@ CASES = [
     ("allreduce", 2, 1, ("--no-overlap",)), ("ps", 2, 2, ("--no-overlap",)),
     ("ps", 2, 2, ("--frame-kb", "4")),  # every large tensor split over many frames
 ]
+FULL = ("--overlap", "full")  # the next forward waits per module for its own buckets/chunks (sync.overlap)
+FULL_CASES = [
+    ("allreduce", 2, 1, SMALL_BUCKETS + FULL + ("--trace",)), ("allreduce", 3, 1, SMALL_BUCKETS + FULL),
+    ("ring", 2, 1, SMALL_BUCKETS + FULL), ("ring", 3, 1, SMALL_BUCKETS + FULL),
+    ("hierarchical", 4, 1, SMALL_BUCKETS + FULL + ("--workers-per-host", "2")),
+    ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--trace",)), ("ps", 3, 2, SMALL_BUCKETS + FULL),
+    ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--ps-design", "aggregate")),
+    ("ps", 3, 2, SMALL_BUCKETS + FULL + ("--ps-design", "aggregate")),
+]
+CASES += FULL_CASES
 
 
 @pytest.fixture(scope="module")
@@ -82,3 +92,17 @@ def test_matches_single_process_on_global_batch(runs, reference, sync, n, s, ext
 
     init = build_model("cnn", 3).state_dict()
     assert max_rel_diff(got, init) > 1e-3
+
+
+@pytest.mark.parametrize("sync,n,s,extra", [c for c in FULL_CASES if "--trace" in c[3]])
+def test_full_overlap_records_every_steps_traffic(runs, sync, n, s, extra):
+    """With --overlap full a step's communication finishes in the next step's forward; its record still
+    carries its own bytes and messages (written once drained), and the forward's waits as gate_s."""
+    import json
+
+    r, out = runs[(sync, n, s, extra)]
+    assert r.returncode == 0, r.stderr
+    recs = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert sorted((x["rank"], x["step"]) for x in recs) == [(k, t) for k in range(n) for t in range(STEPS)]
+    assert len({x["bytes_sent"] for x in recs if x["rank"] == 0}) == 1 and recs[0]["bytes_sent"] > 0
+    assert all(x["messages"] and "gate_s" in x and x["gate_s"] >= 0 and x["sync_s"] >= 0 for x in recs)

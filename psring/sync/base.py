@@ -98,7 +98,24 @@ class Synchronizer(ABC):
 
     @abstractmethod
     def step(self, step: int) -> SyncStats:
-        """Synchronize after backward of ``step``; on return the parameters are updated everywhere."""
+        """Synchronize after backward of ``step``; on return the parameters are updated everywhere (with
+        ``--overlap full``: the step's communication is launched, ``wait_params``/``drain`` finish it)."""
+
+    full = False  # --overlap full (``sync.overlap``): the next forward waits per module, not step()
+
+    def wait_params(self, params: list[nn.Parameter]) -> None:
+        """``--overlap full``: block until ``params`` hold the last step's update (a module's forward
+        pre-hook calls it); nothing otherwise."""
+
+    def drain(self) -> SyncStats | None:
+        """``--overlap full``: finish what the last step left in flight (what no forward waited for),
+        before the next backward; that step's bytes, messages and readiness marks. None: nothing was."""
+        return None
+
+    def take_waits(self) -> tuple[float, float]:
+        """(seconds blocked in ``wait_params``, seconds of optimizer updates run in it and in ``drain``)
+        since last taken: the trainer books them as synchronization, not as forward."""
+        return 0.0, 0.0
 
     def close(self) -> None:
         """Release sockets and process groups. Safe to call twice."""

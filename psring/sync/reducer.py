@@ -5,8 +5,9 @@ The shape is DDP's comm hook (``hook(state, bucket) -> Future``), picotron's ``B
 / ``wait()`` and ps-lite's ``Push -> ts`` / ``Wait(ts)``: ``launch(bucket)`` starts the bucket's
 reduction and returns a ``Handle``; ``Handle.wait()`` returns once ``bucket.flat`` holds the *sum* of
 every worker's gradients for it (the fused optimizer divides by N as it reads them). ``ReduceSync``
-launches buckets from the backward hooks in bucket order (or, with ``--no-overlap``, all at once after
-backward), waits for them in that order, times it, records one trace message per bucket and resets.
+launches buckets from the backward hooks in bucket order (or, with ``--overlap none``, all at once after
+backward), waits for them in that order, times it, records one trace message per bucket and resets;
+with ``--overlap full`` the next forward waits bucket by bucket instead (``sync.overlap``).
 
 A reduction of several dependent rounds (a ring's 2(N-1) steps, a hierarchy's three stages) would
 block backward if it ran inside the hook. Such a reducer runs its rounds on the process's one
@@ -18,11 +19,8 @@ Adding a strategy of this family is one ``Reducer`` subclass and one registry en
 """
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -30,74 +28,8 @@ from torch import nn
 from ..config import OptimConfig
 from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
 from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges
-
-
-class Handle(ABC):
-    """One launched bucket's reduction."""
-
-    @abstractmethod
-    def wait(self) -> None:
-        """Return once the bucket's buffer holds the sum; raise what the reduction raised."""
-
-
-class WorkHandle(Handle):
-    """A torch.distributed ``Work`` (``async_op=True``)."""
-
-    def __init__(self, work):
-        self.work = work
-
-    def wait(self) -> None:
-        self.work.wait()
-
-
-class FutureHandle(Handle):
-    """A function run on the ``CommThread``: ``wait`` blocks until it ran, re-raising its exception."""
-
-    def __init__(self, timeout_s: float):
-        self.timeout_s, self.done, self.error = timeout_s, threading.Event(), None
-
-    def wait(self) -> None:
-        if not self.done.wait(self.timeout_s):
-            raise TimeoutError(f"a bucket's reduction did not finish within {self.timeout_s:.0f} s")
-        if self.error is not None:
-            raise self.error
-
-
-class CommThread:
-    """One background thread per process that runs submitted functions one at a time, in submission
-    order (a daemon: a worker that dies is not kept alive by it). After a failure every later function
-    fails at once with the same error: the collectives of the ranks no longer line up."""
-
-    def __init__(self, timeout_s: float):
-        self.timeout_s = timeout_s
-        self.jobs: queue.Queue = queue.Queue()
-        self.failed: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="psring-comm", daemon=True)
-        self.thread.start()
-
-    def submit(self, fn: Callable[[], None]) -> FutureHandle:
-        h = FutureHandle(self.timeout_s)
-        self.jobs.put((fn, h))
-        return h
-
-    def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            fn, h = job
-            try:
-                if self.failed is not None:
-                    raise RuntimeError(f"an earlier bucket's reduction failed: {self.failed}")
-                fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer thread
-                self.failed = self.failed or e
-                h.error = e
-            h.done.set()
-
-    def close(self) -> None:
-        self.jobs.put(None)
-        self.thread.join(timeout=5)
+from .handles import CommThread, FutureHandle, Handle, WorkHandle  # noqa: F401 - imported from here too
+from .overlap import Waits, buckets_of, install_gates, update_units
 
 
 class Reducer(ABC):
@@ -163,12 +95,16 @@ class Reducer(ABC):
 
 
 class ReduceSync(Synchronizer):
-    """Reduce every bucket with ``reducer``, then run the local optimizer (gradients divided by N)."""
+    """Reduce every bucket with ``reducer``, then run the local optimizer (gradients divided by N).
+    ``overlap``: none (launch every bucket after backward), backward (from the backward hooks) or full
+    (``sync.overlap``: step() only launches; each module's forward waits for its own buckets and runs
+    their update, one fused optimizer call per bucket's unit of whole parameters)."""
 
     def __init__(self, reducer: Reducer, optim: OptimConfig, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 overlap: bool = True, timeout_s: float = 120.0):
+                 overlap: str = "backward", timeout_s: float = 120.0):
         super().__init__(reducer.rank, reducer.world, reducer.device)
         self.reducer, self.optim_cfg, self.overlap = reducer, optim, overlap
+        self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
         self.name = reducer.name
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         if reducer.uses_thread:
@@ -180,21 +116,54 @@ class ReduceSync(Synchronizer):
                                    self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
+        self.messages: list[Message] = []
         self.reducer.resume, self.reducer.resume_rank = self.resume, self.resume_rank
         self.reducer.attach(model, self.buckets.buckets)
         self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                               grad_divisor=self.world)
         self._restore_optimizer()
+        if self.full:
+            self._attach_full(model)
         return model
 
+    def _attach_full(self, model: nn.Module) -> None:
+        """One optimizer per bucket's unit (``overlap.update_units``), sharing the main one's state, so a
+        checkpoint still holds one ``optimizer`` and every parameter gets exactly the update it would."""
+        bs = self.buckets.buckets
+        self.units = update_units(bs)
+        self.unit_opts = {i: make_local_optimizer(ps, self.optim_cfg, grad_divisor=self.world)
+                          for i, ps in self.units.items()}
+        self.unit_of = {id(p): i for i, ps in self.units.items() for p in ps}
+        self.covering = buckets_of(bs)
+        self.waited: set[int] = set()
+        self.updated: set[int] = set()
+        self.waits, self.p0 = Waits(), 0.0
+        install_gates(model, self.wait_params)
+
     def _on_ready(self, b: Bucket) -> None:
-        if self.overlap:
+        if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
             self._launch(b)
         else:
             self.deferred.append(b)
 
     def _launch(self, b: Bucket) -> None:
         self.inflight.append((b, time.perf_counter(), self.reducer.launch(b)))
+
+    def _wait(self, b: Bucket, launched: float, handle: Handle, p0: float) -> None:
+        handle.wait()
+        self.messages.append(Message(f"{self.name} bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", launched - p0,
+                                     time.perf_counter() - launched))
+
+    def _finish(self, p0: float) -> SyncStats:
+        """After every bucket was waited for: the step's bytes, messages, readiness; ready for the next."""
+        sent, recv = self.reducer.step_bytes(self.buckets.buckets)
+        messages = self.messages + [Message(name, t - p0, dur) for name, t, dur in self.reducer.take_messages()]
+        self.reducer.end_step()
+        self.inflight.clear()
+        self.messages = []
+        ready = self.buckets.ready_offsets(p0)
+        self.buckets.reset()
+        return SyncStats(0.0, 0.0, sent, recv, messages=messages, ready=ready)
 
     def step(self, step: int) -> SyncStats:
         t0 = self.clock.now()
@@ -203,21 +172,58 @@ class ReduceSync(Synchronizer):
         for b in self.deferred:
             self._launch(b)
         self.deferred.clear()
-        messages = []
+        if self.full:  # the next forward's gates and drain() wait
+            self.pending, self.p0 = True, p0
+            launch_s = self.clock.now() - t0
+            return SyncStats(launch_s, phases={self.reducer.wait_phase: launch_s})
         for b, launched, handle in self.inflight:
-            handle.wait()
-            messages.append(Message(f"{self.name} bucket {b.index} ({b.nbytes / 2**20:.1f} MB)", launched - p0,
-                                    time.perf_counter() - launched))
-        sent, recv = self.reducer.step_bytes(self.buckets.buckets)
-        messages += [Message(name, t - p0, dur) for name, t, dur in self.reducer.take_messages()]
-        self.reducer.end_step()
-        self.inflight.clear()
-        ready = self.buckets.ready_offsets(p0)
-        self.buckets.reset()
+            self._wait(b, launched, handle, p0)
+        stats = self._finish(p0)
         t1 = self.clock.now()
-        update_s = timed_update(self.optimizer, self.device)
-        return SyncStats(t1 - t0, update_s, sent, recv, {self.reducer.wait_phase: t1 - t0}, messages=messages,
-                         ready=ready)
+        stats.sync_s, stats.phases = t1 - t0, {self.reducer.wait_phase: t1 - t0}
+        stats.update_s = timed_update(self.optimizer, self.device)
+        return stats
+
+    # --- --overlap full --------------------------------------------------------------------------------
+    def wait_params(self, params) -> None:
+        if not self.pending:
+            return
+        t0 = time.perf_counter()
+        for p in params:
+            unit = self.unit_of.get(id(p))
+            if unit is not None and unit not in self.updated:
+                self._update_unit(unit)
+        self.waits.gate(t0)
+
+    def _update_unit(self, unit: int) -> None:
+        by_index = {b.index: (b, launched, h) for b, launched, h in self.inflight}
+        for p in self.units[unit]:
+            for i in self.covering[id(p)]:
+                if i not in self.waited:
+                    self._wait(*by_index[i], self.p0)
+                    self.waited.add(i)
+        opt = self.unit_opts[unit]
+        opt.state = self.optimizer.state  # shared (load_state_dict replaces the main one's)
+        self.waits.update_s += timed_update(opt, self.device)
+        self.updated.add(unit)
+
+    def drain(self) -> SyncStats | None:
+        if not self.pending:
+            return None
+        for b, launched, handle in self.inflight:
+            if b.index not in self.waited:
+                self._wait(b, launched, handle, self.p0)
+                self.waited.add(b.index)
+        for unit in sorted(self.units):
+            if unit not in self.updated:
+                self._update_unit(unit)
+        self.waited.clear()
+        self.updated.clear()
+        self.pending = False
+        return self._finish(self.p0)
+
+    def take_waits(self) -> tuple[float, float]:
+        return self.waits.take() if self.full else (0.0, 0.0)
 
     def state_dict(self) -> dict:
         if self.inflight or self.deferred:

@@ -7,7 +7,9 @@ each gradient becomes ready during backward: parameters' gradients arrive in rev
 (as real backward produces them), each after a share of the backward time proportional to its size, so
 bucketed communication overlaps the rest of backward as it would. What it does not model: the values
 (every gradient is a fixed tensor, the loss is 0, nothing is learned), memory traffic of real kernels
-competing with communication, and variation between steps beyond a straggler's factor.
+competing with communication, and variation between steps beyond a straggler's factor. With ``--overlap
+full`` forward runs parameter by parameter, each's share of the forward time proportional to its size
+(a real network's early layers cost more per parameter: this is the emulation's simplification).
 
 The default MS is measured once, before the workers start: the median of a few forward+backward passes
 of the chosen model and batch by a single process with every core (``measure_compute_ms``).
@@ -52,8 +54,21 @@ class EmulatedCompute:
         g = torch.Generator().manual_seed(seed)
         self.grads = [torch.randn(p.shape, generator=g).mul_(1e-3).to(p.device) for p in self.params]
 
-    def forward(self, factor: float = 1.0) -> torch.Tensor:
-        time.sleep(self.compute_s * FORWARD_SHARE * factor)
+    def forward(self, factor: float = 1.0, gate=None) -> torch.Tensor:
+        """``gate`` (``--overlap full``: ``Synchronizer.wait_params``): forward runs layer by layer in
+        registration order, each parameter's share of the forward time (proportional to its size) after
+        ``gate([p])`` returned, so a layer whose parameters are still on the wire waits for them."""
+        forward_s = self.compute_s * FORWARD_SHARE * factor
+        if gate is None:
+            time.sleep(forward_s)
+        else:
+            due = time.perf_counter()  # when the layers so far are done: one sleep per ms, not per layer
+            for p, share in zip(self.params, self.shares):
+                gate([p])
+                due = max(due, time.perf_counter()) + forward_s * share
+                if due - time.perf_counter() > 1e-3:
+                    time.sleep(due - time.perf_counter())
+            time.sleep(max(0.0, due - time.perf_counter()))
         backward_s = self.compute_s * (1 - FORWARD_SHARE) * factor
         # built in registration order: autograd runs the newest node first, i.e. the last parameters'
         # gradients come first, as in a real backward

@@ -59,6 +59,8 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     clock = PhaseClock(sync.device)
     compute_s = 0.0  # the previous step's forward+backward, which a straggler stretches by (slow - 1)
     wire = WireCounter()
+    gate = sync.wait_params if sync.full else None  # --overlap full: emulated layers wait for their parameters
+    pending = None  # --overlap full: the last step's record, until its communication is drained
     with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
         for step in range(start, cfg.steps):
             t0 = clock.now()
@@ -66,13 +68,15 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             x, y = x.to(sync.device, non_blocking=True), y.to(sync.device, non_blocking=True)
             t1 = clock.now()
             if emu is not None:
-                loss = emu.forward(slow)
+                loss = emu.forward(slow, gate)
             else:
                 if slow > 1 and compute_s:  # before forward, so this worker's gradients are late too
                     time.sleep((slow - 1) * compute_s)
                 tc = clock.now()
                 loss = F.cross_entropy(model(x), y)
             t2 = clock.now()
+            pending = finish_record(pending, sync.drain(), log, cfg)  # before backward reuses the buffers
+            t2d = clock.now()
             model.zero_grad(set_to_none=False)
             loss.backward()
             cpu0 = cpu_times()  # before t3: the read must not count as synchronization
@@ -80,32 +84,64 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             if emu is None:
                 compute_s = t3 - tc  # this step's own forward+backward, without the straggler's sleep
             st = sync.step(step)
+            epoch, t = batches.epoch_of(step)
+            evaluating = cfg.eval and emu is None and t + 1 == batches.steps_in_epoch(epoch)
+            checkpointing = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps
+            # --overlap full: parameters are needed whole now, or the run ends: finish the step here
+            drained = sync.drain() if evaluating or checkpointing or step + 1 == cfg.steps else None
             t4 = clock.now()
             cpu1 = cpu_times()
             wire_tx, wire_rx = wire.delta()
-            epoch, t = batches.epoch_of(step)
             acc = None
-            if cfg.eval and emu is None and t + 1 == batches.steps_in_epoch(epoch):
+            if evaluating:
                 # every worker evaluates: the same cost on every rank keeps the next step's timing unskewed
                 if test is None:
                     test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, split="test")
                 acc = evaluate(getattr(model, "module", model), test, device=sync.device)
-            rec = StepRecord(rank, step, loss.item(), t4 - t0, t1 - t0, t2 - t1, t3 - t2,
-                             None if st.sync_s is None else t4 - t3 - st.update_s, st.update_s,
-                             st.bytes_sent, st.bytes_recv, len(y), time.time(), st.phases,
-                             st.messages if cfg.trace else None, epoch=epoch, test_acc=acc,
-                             wire_tx_bytes=wire_tx, wire_rx_bytes=wire_rx,
-                             cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None,
-                             ready=(st.ready or None) if cfg.trace else None)
+            rec = step_record(cfg, sync, st, (t0, t1, t2, t2d, t3, t4), rank=rank, step=step, loss=loss.item(),
+                              samples=len(y), epoch=epoch, test_acc=acc, wire_tx_bytes=wire_tx,
+                              wire_rx_bytes=wire_rx, cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
             # before the step is logged: a restart resumes from a checkpoint whose step every worker logged,
             # so every rank's own file of it (checkpoint.save_rank) is then written too
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            if checkpointing:
                 save_checkpoint(cfg, sync, rank, out, step, model)
-            log.write(rec)
-            if rank == 0 and (step % cfg.log_every == 0 or step == cfg.steps - 1 or acc is not None):
-                print_step(rec, cfg)
+            pending = finish_record(rec, drained, log, cfg) if sync.full else write_record(rec, log, cfg)
     if rank == 0:
         save_model(getattr(model, "module", model), out / "model.pt")
+
+
+def step_record(cfg: TrainConfig, sync, st, times: tuple, **fields) -> StepRecord:
+    """The step's record from its clock readings: t0 start, t1 data there, t2 forward done, t2d the last
+    step drained (``--overlap full``), t3 backward done, t4 synchronized. Forward's waits for the last
+    step's parameters (``take_waits``) and the drain count as synchronization, updates run there as update."""
+    t0, t1, t2, t2d, t3, t4 = times
+    gate_s, update_s = sync.take_waits()
+    update_s += st.update_s
+    sync_s = None if st.sync_s is None else t4 - t3 + t2d - t2 + gate_s - update_s
+    return StepRecord(step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1 - gate_s, backward_s=t3 - t2d,
+                      sync_s=sync_s, update_s=update_s, bytes_sent=st.bytes_sent, bytes_recv=st.bytes_recv,
+                      time=time.time(), sync_phases={**st.phases, **({"gate_s": gate_s} if sync.full else {})},
+                      messages=st.messages if cfg.trace else None,
+                      ready=(st.ready or None) if cfg.trace else None, **fields)
+
+
+def finish_record(rec: StepRecord | None, drained, log: StepLog, cfg: TrainConfig) -> StepRecord | None:
+    """``--overlap full``: ``rec``'s step's communication was ``drained`` (its ``SyncStats``; None: not
+    yet): its bytes, trace messages and readiness marks go into the record, which is written. Returns
+    the record still waiting (``rec`` when not drained, else None). Times stay with the loop iteration
+    they were spent in, so a run's step times still add up to its wall time."""
+    if rec is None or drained is None:
+        return rec
+    rec.bytes_sent, rec.bytes_recv = drained.bytes_sent, drained.bytes_recv
+    if cfg.trace:
+        rec.messages, rec.ready = drained.messages, drained.ready or None
+    return write_record(rec, log, cfg)
+
+
+def write_record(rec: StepRecord, log: StepLog, cfg: TrainConfig) -> None:
+    log.write(rec)
+    if rec.rank == 0 and (rec.step % cfg.log_every == 0 or rec.step == cfg.steps - 1 or rec.test_acc is not None):
+        print_step(rec, cfg)
 
 
 def attach_model(cfg: TrainConfig, sync) -> tuple[torch.nn.Module, int]:

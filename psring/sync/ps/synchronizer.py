@@ -25,12 +25,15 @@ differ from the checkpointed run's.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
 from ...config import OptimConfig
 from ..base import Message, Synchronizer, SyncStats
 from ..buckets import Bucket, GradBuckets, flat_layout
+from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
@@ -42,7 +45,7 @@ class PSSync(Synchronizer):
     name = "ps"
 
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
-                 timeout_s: float, bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024,
+                 timeout_s: float, bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
                  shares: list[float] | None = None):
@@ -57,6 +60,7 @@ class PSSync(Synchronizer):
         session.check_addrs(addrs)
         self.semantics = check_semantics("server-optimizer", consistency, staleness)
         self.addrs, self.optim_cfg, self.timeout_s, self.overlap, self.curve = addrs, optim, timeout_s, overlap, curve
+        self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
         self.cap = int(bucket_mb * 2**20)
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
@@ -74,6 +78,9 @@ class PSSync(Synchronizer):
             error_feedback=self.error_feedback,
             resume_rank=self.resume_rank)
         self.deferred: list[Bucket] = []
+        if self.full:
+            self.covering, self.waits = buckets_of(self.buckets.buckets), Waits()
+            install_gates(model, self.wait_params)
         return model
 
     @property
@@ -96,7 +103,7 @@ class PSSync(Synchronizer):
         return session.feedback_state(self.tr, self.layout, self.compress)
 
     def _on_ready(self, b: Bucket) -> None:
-        if self.overlap:
+        if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
             self.tr.enqueue(b)
             self.tr.pump(b.group)
         else:
@@ -105,7 +112,8 @@ class PSSync(Synchronizer):
     def step(self, step: int) -> SyncStats:
         """push_s: pushing what backward did not (all of it without overlap); wait_s: until the replies
         arrived (transfer, aggregation, the slowest worker, the update); pull_s: making the new
-        parameters the model's, chunk by chunk, while later ones are still on the wire."""
+        parameters the model's, chunk by chunk, while later ones are still on the wire. With ``--overlap
+        full`` this only pushes; the next forward's gates and ``drain`` take the replies."""
         tr = self.tr
         if step != tr.step:
             raise RuntimeError(f"PS worker is at step {tr.step} but was asked to synchronize step {step}")
@@ -116,29 +124,64 @@ class PSSync(Synchronizer):
         self.deferred.clear()
         tr.pump_all()
         t1 = self.clock.now()
-        push_s, wait_s, pull_s = t1 - t0, 0.0, 0.0
-        lap = t1  # laps of one clock, so push_s + wait_s + pull_s is exactly sync_s
-        while tr.inflight:
+        self.t0, self.lap, self.loaded = t0, t1, set()  # laps of one clock: push + wait + pull = sync
+        self.phases = {"push_s": t1 - t0, "wait_s": 0.0, "pull_s": 0.0}
+        if self.full:
+            self.pending = True
+            return SyncStats(sync_s=t1 - t0, phases={"push_s": t1 - t0})
+        self._use_replies(lambda: not tr.inflight)
+        stats = self._finish()
+        stats.sync_s = self.lap - t0
+        return stats
+
+    def _use_replies(self, done) -> None:
+        """Make replied chunks the model's parameters (each server's in the order it was sent) until
+        ``done()``; the laps go to push_s (credits freed send more), wait_s and pull_s."""
+        tr, ph = self.tr, self.phases
+        while not done():
             used = False
-            for s in range(len(tr.chunks)):  # a server's replies are used in the order it was sent
+            for s in range(len(tr.chunks)):
                 while (got := tr.take(s)) is not None:
                     session.load_params(got[1], got[0], alias=True)
+                    self.loaded.add(got[0].index)
                     tb = self.clock.now()
                     tr.pump(s)
                     tc = self.clock.now()
-                    pull_s, push_s, lap, used = pull_s + tb - lap, push_s + tc - tb, tc, True
-            if not used and tr.inflight:
+                    ph["pull_s"], ph["push_s"], self.lap, used = ph["pull_s"] + tb - self.lap, \
+                        ph["push_s"] + tc - tb, tc, True
+            if not used and not done():
                 tr.wait_any()
                 tb = self.clock.now()
-                wait_s, lap = wait_s + tb - lap, tb
+                ph["wait_s"], self.lap = ph["wait_s"] + tb - self.lap, tb
+
+    def _finish(self) -> SyncStats:
+        tr = self.tr
         sent, recv = tr.bytes()
-        stats = SyncStats(sync_s=lap - t0, bytes_sent=sent, bytes_recv=recv,
-                          phases={"push_s": push_s, "wait_s": wait_s, "pull_s": pull_s},
-                          messages=[Message(name, t - t0, dur) for t, name, dur in tr.messages],
-                          ready=self.buckets.ready_offsets(t0))
+        stats = SyncStats(bytes_sent=sent, bytes_recv=recv, phases=self.phases,
+                          messages=[Message(name, t - self.t0, dur) for t, name, dur in tr.messages],
+                          ready=self.buckets.ready_offsets(self.t0))
         self.buckets.reset()
         tr.end_step()
         return stats
+
+    # --- --overlap full (``sync.overlap``) ------------------------------------------------------------
+    def wait_params(self, params) -> None:
+        if not self.pending:
+            return
+        t0 = time.perf_counter()
+        need = {i for p in params for i in self.covering.get(id(p), ())}
+        self._use_replies(lambda: need <= self.loaded)
+        self.waits.gate(t0)
+
+    def drain(self) -> SyncStats | None:
+        if not self.pending:
+            return None
+        self._use_replies(lambda: not self.tr.inflight)
+        self.pending = False
+        return self._finish()
+
+    def take_waits(self) -> tuple[float, float]:
+        return self.waits.take() if self.full else (0.0, 0.0)
 
     def close(self) -> None:
         """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
@@ -148,7 +191,7 @@ class PSSync(Synchronizer):
 
 
 def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig, timeout_s: float,
-            bucket_mb: float = 4.0, overlap: bool = True, frame_kb: int = 1024, design: str = "server-optimizer",
+            bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024, design: str = "server-optimizer",
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
             error_feedback: bool = True, shares: list[float] | None = None) -> Synchronizer:
