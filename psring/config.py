@@ -111,15 +111,18 @@ class TrainConfig:
     bucket_mb: float | None = opt(None, _BUCKET_HELP, section="buckets", check=above(0))
     first_bucket_mb: float = opt(1.0, "first all-reduce bucket, MB, so communication starts early in backward",
                                  section="buckets", check=above(0))
-    overlap: str = opt("backward", "when communication runs: none (all of it after backward), backward (each "
-                       "bucket as soon as it is ready), full (also during the next forward: each layer waits "
-                       "only for its own parameters)", section="buckets", choices=OVERLAPS,
-                       aliases=(("--no-overlap", "none"),))
+    overlap: str = opt("backward", "none: communicate after backward; backward: each bucket once ready; full: "
+                       "also during the next forward, each layer waiting for its own parameters", section="buckets",
+                       choices=OVERLAPS, aliases=(("--no-overlap", "none"),))
     frame_kb: int = opt(1024, "largest ZeroMQ frame of a push, KB (0 = one per tensor)", section="ps",
                         check=at_least(0, " (0 = one frame per tensor)"))
     ps_window: int | None = opt(None, "most pushpulls unanswered per server (default ceil(4/S) on --net "
                                 "emulated, else no limit; 0 = no limit)", section="ps",
                                 check=at_least(0, " (0 = no limit)"))
+    ps_credit_mb: float | None = opt(None, "MB of pushes not yet received: pushes leave by priority within them, "
+                                     "from a thread of their own (default 2 chunks on --net emulated with "
+                                     "--overlap backward|full, else 0: FIFO under --ps-window)", section="ps",
+                                     check=at_least(0, " (0 = FIFO per server)"))
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
     consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
                            section="ps", choices=CONSISTENCY)
@@ -191,9 +194,8 @@ class TrainConfig:
         g = self.workers_per_host or (1 if self.net == "emulated" else self.workers)
         return min(g, self.workers)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.overlap, bool):  # config.json and experiment files written before --overlap MODE
-            self.overlap = "backward" if self.overlap else "none"
+    def __post_init__(self) -> None:  # config.json and experiment files written before --overlap MODE: a bool
+        self.overlap = ("backward" if self.overlap else "none") if isinstance(self.overlap, bool) else self.overlap
 
     @property
     def hosts(self) -> int:

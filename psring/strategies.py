@@ -136,7 +136,7 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                    cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                    curve=cfg.curve, window=cfg.ps_window,
                    links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate),
-                   compress=cfg.compress, error_feedback=cfg.error_feedback,
+                   compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
 
 

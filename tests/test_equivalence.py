@@ -51,14 +51,16 @@ CASES = [
     ("allreduce", 2, 1, ("--no-overlap",)), ("ps", 2, 2, ("--no-overlap",)),
     ("ps", 2, 2, ("--frame-kb", "4")),  # every large tensor split over many frames
 ]
+CREDITS = ("--ps-credit-mb", "0.05")  # the PS's priority scheduler, on its own thread (sync/ps/comm.py)
 FULL = ("--overlap", "full")  # the next forward waits per module for its own buckets/chunks (sync.overlap)
 FULL_CASES = [
     ("allreduce", 2, 1, SMALL_BUCKETS + FULL + ("--trace",)), ("allreduce", 3, 1, SMALL_BUCKETS + FULL),
     ("ring", 2, 1, SMALL_BUCKETS + FULL), ("ring", 3, 1, SMALL_BUCKETS + FULL),
     ("hierarchical", 4, 1, SMALL_BUCKETS + FULL + ("--workers-per-host", "2")),
-    ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--trace",)), ("ps", 3, 2, SMALL_BUCKETS + FULL),
+    ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--trace",)), ("ps", 3, 2, SMALL_BUCKETS + FULL + CREDITS),
     ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--ps-design", "aggregate")),
-    ("ps", 3, 2, SMALL_BUCKETS + FULL + ("--ps-design", "aggregate")),
+    ("ps", 3, 2, SMALL_BUCKETS + FULL + CREDITS + ("--ps-design", "aggregate")),
+    ("ps", 3, 2, SMALL_BUCKETS + CREDITS),  # the priority scheduler with --overlap backward
 ]
 CASES += FULL_CASES
 

@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import default_window
+from .sharding import credit_bytes, default_window
 from .transport import chunk_ranges
 
 
@@ -41,7 +41,8 @@ class PSAggregate(Reducer):
     def __init__(self, rank: int, world: int, device: torch.device, addrs: list[str], optim: OptimConfig,
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
-                 error_feedback: bool = True, shares: list[float] | None = None):
+                 error_feedback: bool = True, shares: list[float] | None = None, credit_mb: float | None = None,
+                 overlap: str = "backward"):
         super().__init__(rank, world, device)
         self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)
@@ -49,6 +50,7 @@ class PSAggregate(Reducer):
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
+        self.credit_mb, self.overlap = credit_mb, overlap
         self.client: PSClient | None = None
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
@@ -60,33 +62,30 @@ class PSAggregate(Reducer):
             self.layout, buckets, rank=self.rank, device=self.device, addrs=self.addrs, timeout_s=self.timeout_s,
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
-            resume_rank=self.resume_rank)
+            resume_rank=self.resume_rank,
+            credit=credit_bytes(self.credit_mb, self.overlap, self.links_Bps is not None,
+                                max(b.nbytes for b in buckets)))
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec
         self.scale = self.world if codec is not None and codec.dense else 1
         self.done: set[int] = set()
+        self.chan = session.channel(self.tr, self.timeout_s)
 
     def launch(self, bucket: Bucket) -> Handle:
-        self.tr.enqueue(bucket)
-        self.tr.pump(bucket.group)
+        self.chan.ready(bucket)
         return _ChunkHandle(self, bucket)
 
     def until(self, b: Bucket) -> None:
         """Use replies as they come (each server's in send order) until ``b``'s sum is in its buffer."""
-        tr = self.tr
         while b.index not in self.done:
-            used = False
-            for s in range(len(tr.chunks)):
-                while (got := tr.take(s)) is not None:
-                    chunk, t = got
-                    t.copy_into(chunk.flat)
-                    if self.scale != 1:
-                        chunk.flat.mul_(self.scale)
-                    self.done.add(chunk.index)
-                    tr.pump(s)
-                    used = True
-            if not used and b.index not in self.done:
-                tr.wait_any()
+            got = self.chan.take_any()
+            if not got:
+                raise RuntimeError(f"chunk {b.index} was waited for but never sent")
+            for chunk, t in got:
+                t.copy_into(chunk.flat)
+                if self.scale != 1:
+                    chunk.flat.mul_(self.scale)
+                self.done.add(chunk.index)
 
     def wire_bytes(self, bucket: Bucket) -> tuple[int, int]:
         raise NotImplementedError("the PS counts the bytes of its frames per step (step_bytes)")
@@ -96,7 +95,7 @@ class PSAggregate(Reducer):
 
     def end_step(self) -> None:
         self.done.clear()
-        self.tr.end_step()
+        self.chan.run(self.tr.end_step)
 
     def take_messages(self) -> list[Message]:
         return [Message(name, t, dur) for t, name, dur in self.tr.messages]
@@ -105,7 +104,8 @@ class PSAggregate(Reducer):
         """Rank 0: the servers' versions (what resuming checks); other ranks: {}."""
         if self.rank != 0:
             return {}
-        return session.servers_state(self.client, self.layout, [b for mine in self.tr.chunks for b in mine])
+        return self.chan.run(lambda: session.servers_state(self.client, self.layout,
+                                                           [b for mine in self.tr.chunks for b in mine]))
 
     def rank_state(self) -> dict:
         """This worker's error-feedback residuals (``session.feedback_state``)."""
@@ -113,5 +113,5 @@ class PSAggregate(Reducer):
 
     def close(self) -> None:
         if self.client is not None:
-            session.say_done(self.client)
+            session.close_worker(self.chan, self.client)
             self.client = None

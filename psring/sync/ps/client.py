@@ -37,6 +37,7 @@ class PSClient:
             self.socks.append(s)
         self._next = 0  # the next request id
         self.early: list[dict] = [{} for _ in self.addrs]  # replies that arrived before the one waited for
+        self.acks: list[set[int]] = [set() for _ in self.addrs]  # requests a server said it received (``ack``)
         self.bytes_sent = self.bytes_recv = 0
 
     def send(self, server: int, header: dict, named=(), opt_state=()) -> int:
@@ -77,6 +78,14 @@ class PSClient:
         if "opt_state" in header:
             header["opt_state"] = sections["opt_state"]
         return header, sections["tensors"]
+
+    def received(self, server: int, req: int) -> bool:
+        """Whether ``server`` said it received request ``req`` (its ack, or already its reply, is here).
+        The ack is forgotten once seen: ask until True, then no more."""
+        if req in self.acks[server]:
+            self.acks[server].discard(req)
+            return True
+        return req in self.early[server]
 
     def arrived(self, server: int, req: int) -> bool:
         """Whether the reply to ``req`` is here (taken off the socket, waiting for its ``recv``)."""
@@ -119,6 +128,9 @@ class PSClient:
                           f"read: {header.get('error')}")
         if type(got) is not int or got >= self._next or got in self.early[server]:
             raise PSError(f"PS server {server} answered request {got!r}, which this worker did not send")
+        if header.get("ack") is True and header.get("ok") is True:
+            self.acks[server].add(got)
+            return
         self.early[server][got] = (header, msg[1:])
 
     def call(self, server: int, header: dict, named=(), opt_state=()):

@@ -31,7 +31,9 @@ Ops (request ``op`` field):
         SSP: the slowest worker completed step+1-k steps; ASP: at once) with the keys' new values, or,
         with the aggregate design, the sum of the N workers' gradients (codec fp16/bf16: their mean, in
         that dtype; top-k/random-k: the sum's nonzeros, ``KEY/indices`` and ``KEY/values``); an encoded push (init's ``codec``) names ``KEY/PART`` tensors (``encoded``); ``version`` in the reply: step+1
-        under BSP, the slowest worker's clock under SSP/ASP
+        under BSP, the slowest worker's clock under SSP/ASP. With ``ack: true`` the server first sends
+        ``{"ok": true, "req": id, "ack": true}`` the moment the push is read, before its reply: the
+        worker's credits count bytes not yet received (ps-lite's and BytePS's push response)
   pull  the shard's parameters once the server has reached ``version`` (version v = after v updates;
         SSP/ASP: once every worker completed v steps; aggregate: the init's version only)
   state  (any worker, normally rank 0, between steps) the reply carries copies of the shard's
@@ -39,7 +41,7 @@ Ops (request ``op`` field):
         header ``version``, ``clocks`` (ASP/SSP: every worker's clock; BSP: null), ``optim``, ``design``,
         ``consistency``, ``staleness``, ``codec``: init a fresh server with them and it continues exactly (BSP)
   done  the worker has finished; the server exits once every worker said so
-Every request gets exactly one reply: ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
+Every request gets exactly one reply (and a pushpull with ``ack`` one ack before it): ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
 "error": "..."}`` (``req`` null when the request's own was unreadable or not an int). A pull is answered
 when its version is reached, a pushpull when its keys' update is done, not when they arrive; a worker may
 have several requests in flight, replies name theirs (``req``).

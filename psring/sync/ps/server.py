@@ -8,8 +8,8 @@ Start one per shard with ``psring server`` (``server_main``; the launcher does t
 Requests are handled one at a time in arrival order; a pull for a version not yet reached is parked and
 answered by the push that completes that version, and a pushpull's reply waits until its keys' update
 is done — then it carries their new values at once, so the shard streams back chunk by chunk while
-later chunks still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets an error reply and changes nothing,
-so the other workers are served on as if it never came.
+later chunks still arrive (ps-lite's ZPushPull, BytePS's push-pull per partition). A bad request gets
+an error reply and changes nothing, so the other workers are served on as if it never came.
 
 What "its keys' update is done" means is the consistency model's (``consistency``: BSP waits for all N
 workers' gradients, ASP answers at once, SSP once the slowest worker is within the bound), and what the
@@ -28,17 +28,8 @@ from ...auth import secure_server
 from ...compress.spec import NONE
 from .encoded import pushed_keys
 from .optimizers import optim_header
-from .protocol import (
-    PROTOCOL,
-    SECTIONS,
-    ProtocolError,
-    decode_sections,
-    decode_tensors,
-    encode_tensors,
-    int_field,
-    pack_header,
-    unpack_header,
-)
+from .protocol import (PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors,
+                       int_field, pack_header, unpack_header)
 from .server_metrics import StepMetrics
 from .store import ShardStore
 
@@ -175,6 +166,8 @@ class ParameterServer:
 
     def _push(self, ident: bytes, req, header: dict, frames: list) -> None:
         t = time.time()
+        if header.get("ack") is True and header["op"] == "pushpull":  # read: the sender's credit is free
+            self._send(ident, {"ok": True, "req": req, "ack": True})
         named, step, worker = decode_tensors(header, frames), header.get("step"), header.get("worker")
         completed = self.store.push(worker, step, named)
         self.metrics.on_push(t)

@@ -86,15 +86,17 @@ def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bu
 def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device: torch.device, addrs: list[str],
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
                 semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
-                error_feedback: bool = True, resume_rank: dict | None = None) -> tuple[PSClient, ChunkTransport]:
+                error_feedback: bool = True, resume_rank: dict | None = None,
+                credit: int = 0) -> tuple[PSClient, ChunkTransport]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
-    step whose byte counts begin after it. ``resume_rank``: this rank's ``feedback_state`` of the checkpoint."""
+    step whose byte counts begin after it. ``resume_rank``: this rank's ``feedback_state`` of the checkpoint.
+    ``credit``: bytes of pushes not yet received, > 0 for the priority scheduler (``sharding.credit_bytes``)."""
     aggregate = semantics.design == "aggregate"
     client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
     codec = None if compress == NONE else parse(compress, error_feedback)
-    tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank)
+    tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit)
     start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
     init = {"optim": optim_header(optim), **semantics.header(), "codec": compress}
     for mine, vals in zip(tr.chunks, start(client, rank, layout, tr.chunks, init, start_step, opt_state)):
@@ -107,6 +109,22 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
         load_feedback(tr, layout, resume_rank, compress, rank, start_step)
     tr.new_step()  # the init and the start pull are not step 0's bytes
     return client, tr
+
+
+def channel(tr: ChunkTransport, timeout_s: float):
+    """Where the worker's traffic runs: its own thread for the priority scheduler (credits), else the
+    trainer's (``comm``)."""
+    from .comm import LocalChannel, PSComm
+
+    return PSComm(tr, timeout_s) if tr.credit else LocalChannel(tr)
+
+
+def close_worker(chan, client: PSClient) -> None:
+    """Stop the channel's thread (the sockets are this thread's again), say done, close the sockets."""
+    try:
+        chan.close()
+    finally:
+        say_done(client)
 
 
 def feedback_state(tr: ChunkTransport, layout: list[Space], compress: str) -> dict:

@@ -139,3 +139,20 @@ def default_window(servers: int, link_known: bool) -> int:
     """Credits per server: ``ceil(IN_FLIGHT / S)`` on a known link, 0 (no limit) on loopback, where
     there is no link to schedule and every message sent at once is fastest."""
     return max(1, math.ceil(IN_FLIGHT / servers)) if link_known else 0
+
+
+# Credits of the priority scheduler (``--ps-credit-mb``), in chunks: enough to keep the worker's link busy
+# while a push's ack comes back, few enough that a chunk the next forward needs first waits behind little.
+# Measured on emulated 100 Mbit links, N = S = 4, ResNet-18 (164 KB chunks), --overlap full: 0.3 MB of
+# credits 4.88 s a step, 1 MB 5.00 s, 4 MB 5.53 s (the bound: 4.53 s).
+CREDIT_CHUNKS = 2
+
+
+def credit_bytes(credit_mb: float | None, overlap: str, link_known: bool, chunk_bytes: int) -> int:
+    """``--ps-credit-mb`` in bytes (0: no priority scheduler, FIFO per server under the window). Unset:
+    ``CREDIT_CHUNKS`` chunks where the link is known and communication overlaps compute; else 0 (with
+    ``--overlap none`` every chunk leaves after backward, where FIFO under the window measured within
+    3% of the bound)."""
+    if credit_mb is not None:
+        return int(credit_mb * 2**20)
+    return CREDIT_CHUNKS * chunk_bytes if link_known and overlap in ("backward", "full") else 0

@@ -37,7 +37,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import default_window
+from .sharding import credit_bytes, default_window
 from .transport import chunk_ranges
 
 
@@ -48,7 +48,7 @@ class PSSync(Synchronizer):
                  timeout_s: float, bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
-                 shares: list[float] | None = None):
+                 shares: list[float] | None = None, credit_mb: float | None = None):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
@@ -66,6 +66,7 @@ class PSSync(Synchronizer):
         self.client: PSClient | None = None
         self.links_Bps, self.compress, self.error_feedback, self.shares = links_Bps, compress, error_feedback, shares
         self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
+        self.credit_mb = credit_mb
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
@@ -75,8 +76,10 @@ class PSSync(Synchronizer):
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
-            error_feedback=self.error_feedback,
-            resume_rank=self.resume_rank)
+            error_feedback=self.error_feedback, resume_rank=self.resume_rank,
+            credit=credit_bytes(self.credit_mb, self.overlap, self.links_Bps is not None,
+                                max(b.nbytes for b in self.buckets.buckets)))
+        self.chan = session.channel(self.tr, self.timeout_s)
         self.deferred: list[Bucket] = []
         if self.full:
             self.covering, self.waits = buckets_of(self.buckets.buckets), Waits()
@@ -96,7 +99,7 @@ class PSSync(Synchronizer):
             return {}
         if self.tr.inflight or self.deferred:
             raise RuntimeError("PSSync.state_dict between steps only (this step's gradients are on their way)")
-        return session.servers_state(self.client, self.layout, self.buckets.buckets)
+        return self.chan.run(lambda: session.servers_state(self.client, self.layout, self.buckets.buckets))
 
     def rank_state(self) -> dict:
         """This worker's error-feedback residuals (``session.feedback_state``; {} without a codec that keeps them)."""
@@ -104,8 +107,7 @@ class PSSync(Synchronizer):
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
-            self.tr.enqueue(b)
-            self.tr.pump(b.group)
+            self.chan.ready(b)
         else:
             self.deferred.append(b)
 
@@ -120,48 +122,52 @@ class PSSync(Synchronizer):
         t0 = self.clock.now()
         self.buckets.flush()
         for b in self.deferred:
-            tr.enqueue(b)
+            self.chan.ready(b)
         self.deferred.clear()
-        tr.pump_all()
+        self.chan.flush()
         t1 = self.clock.now()
         self.t0, self.lap, self.loaded = t0, t1, set()  # laps of one clock: push + wait + pull = sync
         self.phases = {"push_s": t1 - t0, "wait_s": 0.0, "pull_s": 0.0}
         if self.full:
             self.pending = True
             return SyncStats(sync_s=t1 - t0, phases={"push_s": t1 - t0})
-        self._use_replies(lambda: not tr.inflight)
+        self._use_replies(self._all_loaded)
         stats = self._finish()
         stats.sync_s = self.lap - t0
         return stats
 
     def _use_replies(self, done) -> None:
-        """Make replied chunks the model's parameters (each server's in the order it was sent) until
-        ``done()``; the laps go to push_s (credits freed send more), wait_s and pull_s."""
-        tr, ph = self.tr, self.phases
+        """Make replied chunks the model's parameters until ``done()``; the laps go to wait_s (until
+        replies were here, less the pushes their credits let out: push_s) and pull_s."""
+        ph, chan = self.phases, self.chan
         while not done():
-            used = False
-            for s in range(len(tr.chunks)):
-                while (got := tr.take(s)) is not None:
-                    session.load_params(got[1], got[0], alias=True)
-                    self.loaded.add(got[0].index)
-                    tb = self.clock.now()
-                    tr.pump(s)
-                    tc = self.clock.now()
-                    ph["pull_s"], ph["push_s"], self.lap, used = ph["pull_s"] + tb - self.lap, \
-                        ph["push_s"] + tc - tb, tc, True
-            if not used and not done():
-                tr.wait_any()
-                tb = self.clock.now()
-                ph["wait_s"], self.lap = ph["wait_s"] + tb - self.lap, tb
+            pushed = getattr(chan, "pump_s", 0.0)
+            got = chan.take_any()
+            tb = self.clock.now()
+            pushed = getattr(chan, "pump_s", 0.0) - pushed
+            ph["wait_s"], ph["push_s"] = ph["wait_s"] + tb - self.lap - pushed, ph["push_s"] + pushed
+            for b, t in got:
+                session.load_params(t, b, alias=True)
+                self.loaded.add(b.index)
+            tc = self.clock.now()
+            ph["pull_s"], self.lap = ph["pull_s"] + tc - tb, tc
+            if not got:  # nothing on its way
+                return
+
+    def _all_loaded(self) -> bool:
+        return len(self.loaded) == len(self.buckets.buckets)
 
     def _finish(self) -> SyncStats:
-        tr = self.tr
-        sent, recv = tr.bytes()
-        stats = SyncStats(bytes_sent=sent, bytes_recv=recv, phases=self.phases,
-                          messages=[Message(name, t - self.t0, dur) for t, name, dur in tr.messages],
+        def transport():  # on the channel's thread
+            tr = self.tr
+            sent, recv = tr.bytes()
+            messages = [Message(name, t - self.t0, dur) for t, name, dur in tr.messages]
+            tr.end_step()
+            return sent, recv, messages
+        sent, recv, messages = self.chan.run(transport)
+        stats = SyncStats(bytes_sent=sent, bytes_recv=recv, phases=self.phases, messages=messages,
                           ready=self.buckets.ready_offsets(self.t0))
         self.buckets.reset()
-        tr.end_step()
         return stats
 
     # --- --overlap full (``sync.overlap``) ------------------------------------------------------------
@@ -176,7 +182,7 @@ class PSSync(Synchronizer):
     def drain(self) -> SyncStats | None:
         if not self.pending:
             return None
-        self._use_replies(lambda: not self.tr.inflight)
+        self._use_replies(self._all_loaded)
         self.pending = False
         return self._finish()
 
@@ -186,7 +192,7 @@ class PSSync(Synchronizer):
     def close(self) -> None:
         """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
         if self.client is not None:
-            session.say_done(self.client)
+            session.close_worker(self.chan, self.client)
             self.client = None
 
 
@@ -194,17 +200,18 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024, design: str = "server-optimizer",
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
-            error_feedback: bool = True, shares: list[float] | None = None) -> Synchronizer:
+            error_feedback: bool = True, shares: list[float] | None = None,
+            credit_mb: float | None = None) -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
     shares of the parameters (``topology.server_shares``), None for equal ones."""
     semantics: Semantics = check_semantics(design, consistency, staleness)
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
-                      staleness, curve, window, links_Bps, compress, error_feedback, shares)
+                      staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
     reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
-                          compress, error_feedback, shares)
+                          compress, error_feedback, shares, credit_mb, overlap)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

@@ -18,6 +18,7 @@ ahead and the slowest flow's chunks all completing at the end (ByteScheduler's c
 """
 from __future__ import annotations
 
+import heapq
 import re
 import time
 from collections import deque
@@ -63,8 +64,10 @@ class ChunkTransport:
     (ready, waiting for a credit)."""
 
     def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int,
-                 codec: Codec | None = None, rank: int = 0):
-        self.client, self.window, self.codec = client, window, codec
+                 codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0):
+        """``credit_bytes`` > 0: the priority scheduler (``pump``) instead of per-server FIFO queues under
+        ``window``."""
+        self.client, self.window, self.codec, self.credit = client, window, codec, credit_bytes
         # per chunk, the codec's state (error-feedback residual, a random codec's draws), seeded per rank
         self.states = {b.index: CodecState(seed=(rank << 20) + b.index) for b in buckets}
         self.chunks: list[list[Bucket]] = [[] for _ in range(servers)]  # per server, in launch order
@@ -80,20 +83,43 @@ class ChunkTransport:
     def new_step(self) -> None:
         self.sent: list[deque[Sent]] = [deque() for _ in self.chunks]
         self.queued: list[deque[Bucket]] = [deque() for _ in self.chunks]
+        # the priority scheduler's: ready chunks by forward priority, and pushes not yet received
+        self.ready: list[tuple[int, Bucket]] = []
+        self.unacked: dict[tuple[int, int], int] = {}  # (server, request) -> bytes
         self.messages: list[list] = []  # [start perf_counter, name, duration] per push and reply
         # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
         self.sent0, self.recv0 = self.client.bytes_sent, self.client.bytes_recv
 
     @property
     def inflight(self) -> bool:
-        return any(self.sent) or any(self.queued)
+        return any(self.sent) or any(self.queued) or bool(self.ready)
 
     def bytes(self) -> tuple[int, int]:
         """(sent, received) since the step began, headers included."""
         return self.client.bytes_sent - self.sent0, self.client.bytes_recv - self.recv0
 
     def enqueue(self, b: Bucket) -> None:
-        self.queued[b.group].append(b)
+        if self.credit:
+            heapq.heappush(self.ready, (-b.index, b))
+        else:
+            self.queued[b.group].append(b)
+
+    def pump_ready(self) -> None:
+        """The priority scheduler: push the ready chunk nearest the model's input first (the highest
+        index: the layout is in backward order), since the next forward needs it first (P3, Jayarajan et
+        al. SysML'19; in backward that is the newest ready one), while fewer than ``credit`` bytes of this
+        worker's pushes are not yet received by their servers (ByteScheduler's credits, Peng et al.
+        SOSP'19). Credits come back with the servers' acks, whatever the other workers do, so workers
+        need not push in the same order; what is not pushed stays here, where priority still applies."""
+        if self.unacked:
+            for s in {s for s, _ in self.unacked}:
+                self.client.collect(s)
+            for key in [k for k in self.unacked if self.client.received(*k)]:
+                del self.unacked[key]
+        while self.ready and sum(self.unacked.values()) < self.credit:
+            b = heapq.heappop(self.ready)[1]
+            self._push(b)
+            self.unacked[(b.group, self.sent[b.group][-1].req)] = b.nbytes
 
     def pump(self, s: int) -> None:
         """Send server ``s``'s queued chunks while it has credits. Replies already here are taken off the
@@ -110,6 +136,8 @@ class ChunkTransport:
             busy += 1
 
     def pump_all(self) -> None:
+        if self.credit:
+            return self.pump_ready()
         for s in range(len(self.chunks)):
             self.pump(s)
 
@@ -123,7 +151,8 @@ class ChunkTransport:
                 host.copy_(b.flat, non_blocking=True)
                 torch.cuda.current_stream(self.device).synchronize()
             named = [(chunk_key(b), host)]
-        req = self.client.send(s, {"op": "pushpull", "step": self.step}, named)
+        req = self.client.send(s, {"op": "pushpull", "step": self.step, **({"ack": True} if self.credit else {})},
+                               named)
         sent = time.perf_counter()
         reply = [sent, f"params of chunk {b.index} from server {s}", None]
         mb = sum(x.numel() * x.element_size() for _, x in named) / 2**20
@@ -131,10 +160,15 @@ class ChunkTransport:
         self.sent[s].append(Sent(req, b, reply, [x for _, x in named]))
 
     def take(self, s: int) -> tuple[Bucket, Received] | None:
-        """Server ``s``'s next reply in send order if it is here: (its chunk, the chunk's tensor)."""
-        if not (self.sent[s] and self.client.arrived(s, self.sent[s][0].req)):
+        """Server ``s``'s next reply in send order if it is here (the priority scheduler: any of its
+        replies that is here, workers' orders may differ): (its chunk, the chunk's tensor)."""
+        sent = self.sent[s]
+        at = next((i for i, x in enumerate(sent) if self.client.arrived(s, x.req)), None) if self.credit else \
+            (0 if sent and self.client.arrived(s, sent[0].req) else None)
+        if at is None:
             return None
-        x = self.sent[s].popleft()
+        x = sent[at]
+        del sent[at]
         _, named = self.client.recv(s, x.req)
         x.trace[2] = time.perf_counter() - x.trace[0]
         key = chunk_key(x.bucket)
@@ -146,7 +180,13 @@ class ChunkTransport:
         return x.bucket, named[0][1]
 
     def wait_any(self) -> None:
+        """Wait for a message from a server this worker waits on; the priority scheduler pushes what the
+        acks among them (or ones taken off the sockets before) made room for."""
+        if self.credit:
+            self.pump_ready()
         self.client.wait_any([s for s in range(len(self.chunks)) if self.sent[s]])
+        if self.credit:
+            self.pump_ready()
 
     def end_step(self) -> None:
         self.step += 1
