@@ -27,7 +27,7 @@ from torch import nn
 
 from ..config import OptimConfig
 from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
-from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges
+from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges, space_sizes
 from .handles import CommThread, FutureHandle, Handle, WorkHandle  # noqa: F401 - imported from here too
 from .overlap import Waits, buckets_of, install_gates, update_units
 
@@ -105,6 +105,7 @@ class ReduceSync(Synchronizer):
         super().__init__(reducer.rank, reducer.world, reducer.device)
         self.reducer, self.optim_cfg, self.overlap = reducer, optim, overlap
         self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
+        self.sched, self.timeout_s = None, timeout_s  # the priority scheduler (--overlap full, collectives)
         self.name = reducer.name
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         if reducer.uses_thread:
@@ -112,8 +113,7 @@ class ReduceSync(Synchronizer):
 
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())
-        self.buckets = GradBuckets(layout, self.reducer.ranges(layout, self.cap, self.first_cap), self._on_ready,
-                                   self.device)
+        self.buckets = GradBuckets(layout, self._ranges(layout), self._on_ready, self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
         self.messages: list[Message] = []
@@ -125,6 +125,18 @@ class ReduceSync(Synchronizer):
         if self.full:
             self._attach_full(model)
         return model
+
+    def _ranges(self, layout) -> list[BucketRange]:
+        """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) equal
+        partitions of at most ``--bucket-mb`` that may split a parameter, so that a bucket the next
+        forward needs first never waits behind a 9.4 MB tensor (a reducer with buckets of its own, e.g.
+        a codec's, keeps them)."""
+        if not (self.full and getattr(self.reducer, "pg", None) is not None and self.world > 1
+                and type(self.reducer).ranges is Reducer.ranges):
+            return self.reducer.ranges(layout, self.cap, self.first_cap)
+        from .ps.sharding import plan_chunks
+
+        return plan_chunks(*space_sizes(layout), 1, self.cap, split=True)
 
     def _attach_full(self, model: nn.Module) -> None:
         """One optimizer per bucket's unit (``overlap.update_units``), sharing the main one's state, so a
@@ -139,6 +151,18 @@ class ReduceSync(Synchronizer):
         self.updated: set[int] = set()
         self.waits, self.p0 = Waits(), 0.0
         install_gates(model, self.wait_params)
+        pg = getattr(self.reducer, "pg", None)  # collectives (not the PS): agree on a priority order
+        if pg is not None and self.world > 1:
+            from .schedule import PriorityScheduler
+
+            import datetime
+
+            import torch.distributed as dist
+
+            # gloo whatever the data's backend: the flags are a few CPU ints (NCCL takes CUDA tensors only)
+            group = dist.new_group(list(range(self.world)), timeout=datetime.timedelta(seconds=self.timeout_s),
+                                   backend="gloo")
+            self.sched = PriorityScheduler(self.reducer, group, len(bs), self.timeout_s)
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
@@ -147,7 +171,8 @@ class ReduceSync(Synchronizer):
             self.deferred.append(b)
 
     def _launch(self, b: Bucket) -> None:
-        self.inflight.append((b, time.perf_counter(), self.reducer.launch(b)))
+        launch = self.sched.submit if self.sched is not None else self.reducer.launch
+        self.inflight.append((b, time.perf_counter(), launch(b)))
 
     def _wait(self, b: Bucket, launched: float, handle: Handle, p0: float) -> None:
         handle.wait()
@@ -234,6 +259,9 @@ class ReduceSync(Synchronizer):
         return self.reducer.rank_state()
 
     def close(self) -> None:
+        if self.sched is not None:
+            self.sched.close()
+            self.sched = None
         if self.reducer.comm is not None:
             self.reducer.comm.close()
             self.reducer.use_comm(None)
