@@ -15,6 +15,11 @@ With G workers per host (``workers_per_host``) the models take G (``per_host``):
 what is shared; the PS's placement (``ps_placement``) picks dedicated, colocated or BytePS's mixed one.
 
 B is the emulated rate at TCP's payload share (``costmodel.TCP_GOODPUT``), alpha a calibration's.
+
+A whole step has a bound of its own in the run's ``--overlap`` mode (``step_bound_s``, from
+``overlap_model.step_bound``): forward and backward from ``--compute emulated:MS`` (split as the
+emulation splits it), the communication the sync bound above, readiness and per-layer forward time in
+proportion to the model's parameters, as the emulation has them.
 Example::
 
     runs = with_bounds(pd.read_csv("results/bandwidth/runs.csv"), alpha_s=2e-4)
@@ -22,11 +27,13 @@ Example::
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pandas as pd
 
 from . import costmodel as cm
+from .overlap_model import MODES, step_bound
 from .strategies import attr
 from .sync.ps.sharding import chunk_bytes, chunks_per_server, shared_rounds
 from .topology import dedicated_share, server_shares
@@ -116,6 +123,43 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
                                       placement=placement_of(row))
 
 
+def overlap_of(row) -> str:
+    """A row's ``--overlap`` mode (tables written before the modes hold a bool, or nothing: backward)."""
+    v = row.get("overlap")
+    if isinstance(v, str) and v in MODES:
+        return v
+    if isinstance(v, (bool, int, float)) and is_num(v):
+        return MODES[1] if v else MODES[0]
+    return MODES[1]
+
+
+@functools.lru_cache(maxsize=None)
+def param_bytes(model: str) -> tuple[int, ...]:
+    """The bytes of each trainable parameter of ``model``, in forward (registration) order; shapes only
+    (built on the meta device)."""
+    import torch
+
+    from .train.models import build_model
+
+    with torch.device("meta"):
+        m = build_model(model, 0)
+    return tuple(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
+
+
+def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
+    """The bound of a whole step in the row's overlap mode; NaN without emulated compute or a sync bound."""
+    from .train.emulation import FORWARD_SHARE, parse_compute
+
+    comm = bound_s(row, m_bytes, alpha_s)
+    spec = row.get("compute")
+    ms = parse_compute(spec) if isinstance(spec, str) and spec else None
+    if not ms or not is_num(comm) or not isinstance(row.get("model"), str):
+        return math.nan
+    compute_s = ms / 1000
+    return step_bound(overlap_of(row), list(param_bytes(row["model"])), compute_s * FORWARD_SHARE,
+                      compute_s * (1 - FORWARD_SHARE), comm)
+
+
 def per_host(row) -> int:
     """G of an emulated run's row (``workers_per_host``, 0 or absent: one worker per host)."""
     g = row.get("workers_per_host")
@@ -124,7 +168,8 @@ def per_host(row) -> int:
 
 def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None = None) -> pd.DataFrame:
     """``runs`` with ``bound_s`` (the α-β bound of its sync step), ``over_bound`` (median sync time /
-    bound) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
+    bound), ``step_bound_s`` and ``step_over_bound`` (the whole step's bound in its overlap mode, and the
+    median step time over it) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
     ``m_bytes``: M (default: ``gradient_bytes`` of the table)."""
     df = runs.copy()
     if m_bytes is None:
@@ -133,4 +178,7 @@ def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None 
     df["over_bound"] = df["sync_s_p50"] / df["bound_s"]
     saturated = df["cpu_saturated"].fillna(False).astype(bool) if "cpu_saturated" in df else False
     df["link_bound"] = df["bound_s"].notna() & ~saturated
+    df["step_bound_s"] = [step_bound_s(r, m_bytes, alpha_s) for _, r in df.iterrows()]
+    if "step_s_p50" in df:
+        df["step_over_bound"] = df["step_s_p50"] / df["step_bound_s"]
     return df
