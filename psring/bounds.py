@@ -33,8 +33,8 @@ import math
 import pandas as pd
 
 from . import costmodel as cm
-from .overlap_model import MODES, step_bound
-from .strategies import attr
+from .overlap_model import BACKWARD, MODES, step_bound
+from .strategies import attr, overlap_mode
 from .sync.ps.sharding import chunk_bytes, chunks_per_server, shared_rounds
 from .topology import dedicated_share, server_shares
 
@@ -125,12 +125,8 @@ def bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
 
 def overlap_of(row) -> str:
     """A row's ``--overlap`` mode (tables written before the modes hold a bool, or nothing: backward)."""
-    v = row.get("overlap")
-    if isinstance(v, str) and v in MODES:
-        return v
-    if isinstance(v, (bool, int, float)) and is_num(v):
-        return MODES[1] if v else MODES[0]
-    return MODES[1]
+    v = overlap_mode(row.get("overlap"))
+    return v if v in MODES else BACKWARD
 
 
 @functools.lru_cache(maxsize=None)

@@ -194,8 +194,8 @@ class TrainConfig:
         g = self.workers_per_host or (1 if self.net == "emulated" else self.workers)
         return min(g, self.workers)
 
-    def __post_init__(self) -> None:  # config.json and experiment files written before --overlap MODE: a bool
-        self.overlap = ("backward" if self.overlap else "none") if isinstance(self.overlap, bool) else self.overlap
+    def __post_init__(self) -> None:
+        self.overlap = strategies.overlap_mode(self.overlap)
 
     @property
     def hosts(self) -> int:

@@ -14,6 +14,12 @@ from typing import TYPE_CHECKING
 
 OVERLAPS = ("none", "backward", "full")  # --overlap: after backward; during it; during the next forward too
 
+
+def overlap_mode(value):
+    """An ``overlap`` as a mode: a bool (config.json, experiment files and tables written before
+    ``--overlap MODE``, when ``--no-overlap`` was False) as the mode it meant; anything else as it is."""
+    return ("backward" if value else "none") if isinstance(value, bool) else value
+
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .sync.base import Synchronizer

@@ -155,8 +155,8 @@ def _comparable(cfg: dict) -> dict:
     """A config as it reads back from config.json (tuples become lists), without run-specific paths; an
     ``overlap`` written as a bool before ``--overlap MODE`` as the mode it was."""
     out = json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}))
-    if isinstance(out.get("overlap"), bool):
-        out["overlap"] = "backward" if out["overlap"] else "none"
+    if "overlap" in out:
+        out["overlap"] = strategies.overlap_mode(out["overlap"])
     return out
 
 

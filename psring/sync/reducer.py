@@ -106,6 +106,7 @@ class ReduceSync(Synchronizer):
         self.reducer, self.optim_cfg, self.overlap = reducer, optim, overlap
         self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
         self.sched, self.timeout_s = None, timeout_s  # the priority scheduler (--overlap full, collectives)
+        self.scheduled = self.full and getattr(reducer, "pg", None) is not None and self.world > 1
         self.name = reducer.name
         self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
         if reducer.uses_thread:
@@ -131,8 +132,7 @@ class ReduceSync(Synchronizer):
         partitions of at most ``--bucket-mb`` that may split a parameter, so that a bucket the next
         forward needs first never waits behind a 9.4 MB tensor (a reducer with buckets of its own, e.g.
         a codec's, keeps them)."""
-        if not (self.full and getattr(self.reducer, "pg", None) is not None and self.world > 1
-                and type(self.reducer).ranges is Reducer.ranges):
+        if not (self.scheduled and type(self.reducer).ranges is Reducer.ranges):
             return self.reducer.ranges(layout, self.cap, self.first_cap)
         from .ps.sharding import plan_chunks
 
@@ -151,18 +151,11 @@ class ReduceSync(Synchronizer):
         self.updated: set[int] = set()
         self.waits, self.p0 = Waits(), 0.0
         install_gates(model, self.wait_params)
-        pg = getattr(self.reducer, "pg", None)  # collectives (not the PS): agree on a priority order
-        if pg is not None and self.world > 1:
-            from .schedule import PriorityScheduler
+        if self.scheduled:  # collectives (not the PS): the ranks agree on a priority order
+            from .schedule import PriorityScheduler, consensus_group
 
-            import datetime
-
-            import torch.distributed as dist
-
-            # gloo whatever the data's backend: the flags are a few CPU ints (NCCL takes CUDA tensors only)
-            group = dist.new_group(list(range(self.world)), timeout=datetime.timedelta(seconds=self.timeout_s),
-                                   backend="gloo")
-            self.sched = PriorityScheduler(self.reducer, group, len(bs), self.timeout_s)
+            self.sched = PriorityScheduler(self.reducer, consensus_group(self.world, self.timeout_s), len(bs),
+                                           self.timeout_s)
 
     def _on_ready(self, b: Bucket) -> None:
         if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
@@ -199,6 +192,7 @@ class ReduceSync(Synchronizer):
         self.deferred.clear()
         if self.full:  # the next forward's gates and drain() wait
             self.pending, self.p0 = True, p0
+            self.launched = {b.index: (b, launched, h) for b, launched, h in self.inflight}
             launch_s = self.clock.now() - t0
             return SyncStats(launch_s, phases={self.reducer.wait_phase: launch_s})
         for b, launched, handle in self.inflight:
@@ -220,13 +214,15 @@ class ReduceSync(Synchronizer):
                 self._update_unit(unit)
         self.waits.gate(t0)
 
+    def _wait_once(self, index: int) -> None:
+        if index not in self.waited:
+            self._wait(*self.launched[index], self.p0)
+            self.waited.add(index)
+
     def _update_unit(self, unit: int) -> None:
-        by_index = {b.index: (b, launched, h) for b, launched, h in self.inflight}
         for p in self.units[unit]:
             for i in self.covering[id(p)]:
-                if i not in self.waited:
-                    self._wait(*by_index[i], self.p0)
-                    self.waited.add(i)
+                self._wait_once(i)
         opt = self.unit_opts[unit]
         opt.state = self.optimizer.state  # shared (load_state_dict replaces the main one's)
         self.waits.update_s += timed_update(opt, self.device)
@@ -235,10 +231,8 @@ class ReduceSync(Synchronizer):
     def drain(self) -> SyncStats | None:
         if not self.pending:
             return None
-        for b, launched, handle in self.inflight:
-            if b.index not in self.waited:
-                self._wait(b, launched, handle, self.p0)
-                self.waited.add(b.index)
+        for b, _, _ in self.inflight:  # in launch order
+            self._wait_once(b.index)
         for unit in sorted(self.units):
             if unit not in self.updated:
                 self._update_unit(unit)

@@ -17,6 +17,7 @@ that becomes ready waits behind at most one other: the partition (``--bucket-mb`
 """
 from __future__ import annotations
 
+import datetime
 import threading
 
 import torch
@@ -25,6 +26,12 @@ import torch.distributed as dist
 from .buckets import Bucket
 from .handles import FutureHandle, Handle
 from .reducer import Reducer
+
+
+def consensus_group(world: int, timeout_s: float):
+    """The ranks' group for the readiness flags: gloo whatever the data's backend (a few CPU ints; NCCL
+    takes CUDA tensors only), and apart from the data's collectives. Every rank must call it."""
+    return dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s), backend="gloo")
 
 
 class PriorityScheduler:

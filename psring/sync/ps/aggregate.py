@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import credit_bytes, default_window
+from .sharding import default_window
 from .transport import chunk_ranges
 
 
@@ -58,18 +58,16 @@ class PSAggregate(Reducer):
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
         self.layout = flat_layout(model.named_parameters())
-        self.client, self.tr = session.open_worker(
+        self.client, self.tr, self.chan = session.open_worker(
             self.layout, buckets, rank=self.rank, device=self.device, addrs=self.addrs, timeout_s=self.timeout_s,
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
-            resume_rank=self.resume_rank,
-            credit=credit_bytes(self.credit_mb, self.overlap, self.links_Bps is not None,
-                                max(b.nbytes for b in buckets)))
+            resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
+            link_known=self.links_Bps is not None)
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec
         self.scale = self.world if codec is not None and codec.dense else 1
         self.done: set[int] = set()
-        self.chan = session.channel(self.tr, self.timeout_s)
 
     def launch(self, bucket: Bucket) -> Handle:
         self.chan.ready(bucket)

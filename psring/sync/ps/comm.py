@@ -6,13 +6,13 @@ its own thread. Both offer ``ready(b)``, ``flush()``, ``take_any()``, ``run(fn)`
 credits): pushes leave whenever credits come back, not only when the trainer's thread passes a hook.
 
 Backward's hooks and the next forward's gates only hand chunks over (``ready``) and wait for replies
-(``wait``); the thread owns the sockets from then on (ZeroMQ sockets are not thread-safe), pushes by
+(``take_any``); the thread owns the sockets from then on (ZeroMQ sockets are not thread-safe), pushes by
 priority within the credits, takes acks and replies off the sockets as they come, and keeps each reply
 until the trainer's thread takes it. Loading a reply into the parameters stays on the trainer's thread:
 a parameter must not change under a backward that may still read it. A wake-up travels over an inproc
 PAIR socket, so the thread waits on the servers and on the trainer in one poll (pyzmq's idiom).
 Everything else that touches the transport (a step's bytes and messages, its end, a checkpoint's
-``state`` requests, ``done``) runs on the thread too, through ``call``.
+``state`` requests) runs on the thread too, through ``run``; ``done`` is said once it has stopped.
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from .client import PSClient
 from .consistency import Semantics
 from .optimizers import optim_header
 from .received import Received
+from .sharding import credit_bytes
 from .transport import ChunkTransport, chunk_key
 
 
@@ -86,16 +87,18 @@ def start(client: PSClient, rank: int, layout: list[Space], chunks: list[list[Bu
 def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device: torch.device, addrs: list[str],
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
                 semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
-                error_feedback: bool = True, resume_rank: dict | None = None,
-                credit: int = 0) -> tuple[PSClient, ChunkTransport]:
+                error_feedback: bool = True, resume_rank: dict | None = None, credit_mb: float | None = None,
+                overlap: str = "backward", link_known: bool = False) -> tuple[PSClient, ChunkTransport, object]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
-    step whose byte counts begin after it. ``resume_rank``: this rank's ``feedback_state`` of the checkpoint.
-    ``credit``: bytes of pushes not yet received, > 0 for the priority scheduler (``sharding.credit_bytes``)."""
+    step whose byte counts begin after it, and the channel it runs on (``channel``). ``resume_rank``: this
+    rank's ``feedback_state`` of the checkpoint. ``credit_mb``, ``overlap``, ``link_known``: the priority
+    scheduler's credits (``sharding.credit_bytes``; 0: none)."""
     aggregate = semantics.design == "aggregate"
     client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
     codec = None if compress == NONE else parse(compress, error_feedback)
+    credit = credit_bytes(credit_mb, overlap, link_known, max(b.nbytes for b in buckets))
     tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit)
     start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
     init = {"optim": optim_header(optim), **semantics.header(), "codec": compress}
@@ -108,7 +111,7 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
     if resume is not None and codec is not None and codec.error_feedback:
         load_feedback(tr, layout, resume_rank, compress, rank, start_step)
     tr.new_step()  # the init and the start pull are not step 0's bytes
-    return client, tr
+    return client, tr, channel(tr, timeout_s)
 
 
 def channel(tr: ChunkTransport, timeout_s: float):

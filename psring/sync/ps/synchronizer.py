@@ -37,7 +37,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import credit_bytes, default_window
+from .sharding import default_window
 from .transport import chunk_ranges
 
 
@@ -72,14 +72,12 @@ class PSSync(Synchronizer):
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
         ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares)
         self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device)
-        self.client, self.tr = session.open_worker(
+        self.client, self.tr, self.chan = session.open_worker(
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
-            error_feedback=self.error_feedback, resume_rank=self.resume_rank,
-            credit=credit_bytes(self.credit_mb, self.overlap, self.links_Bps is not None,
-                                max(b.nbytes for b in self.buckets.buckets)))
-        self.chan = session.channel(self.tr, self.timeout_s)
+            error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
+            overlap=self.overlap, link_known=self.links_Bps is not None)
         self.deferred: list[Bucket] = []
         if self.full:
             self.covering, self.waits = buckets_of(self.buckets.buckets), Waits()
