@@ -1,14 +1,12 @@
 """The resolved configuration of one training run, shared by the launcher, every worker and the PS servers.
 
-One dataclass, validated in one place, so every process of a run sees the same values and a bad value
-fails once, before anything starts, with a one-line message (``ConfigError``) instead of a traceback.
+One dataclass, validated in one place: every process sees the same values, a bad one fails once, early, in one line.
 
 Each option is declared once, below (``options.opt``: default, help, section, flag, check); the flags of
 ``psring train`` and ``psring worker`` are generated from these declarations, one argument group per
 section. Sections are declaration metadata only: the attributes stay flat (``cfg.bucket_mb``) and so does
-``config.json`` (``optim`` is its one nested table). What depends on the strategy (its choices, its
-default bucket, which sections it reads, whether it can defer communication) comes from
-``psring.strategies``.
+``config.json`` (``optim`` is its one nested table). What depends on the strategy (default bucket,
+sections it reads, overlap modes) comes from ``psring.strategies``.
 """
 from __future__ import annotations
 
@@ -32,6 +30,7 @@ PS_DESIGNS = ("server-optimizer", "aggregate")
 NETS = ("loopback", "emulated")
 PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
 OVERLAPS = strategies.OVERLAPS  # none | backward | full
+TUNINGS = ("auto", "probe", "off")  # sync.link_probe.TUNINGS (not imported here: it imports torch)
 DEFAULT_STEPS = 50  # without --steps or --epochs
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
@@ -72,8 +71,9 @@ class OptimConfig:
 
 _SYNC_HELP = "how gradients are synchronized: " + "; ".join(f"{n}: {strategies.get(n).help}"
                                                             for n in strategies.names())
-_BUCKET_HELP = ("gradient bucket size, MB (default per strategy: "
-                + ", ".join(f"{n} {strategies.get(n).bucket_mb:g}" for n in strategies.names()) + ")")
+_BUCKET_HELP = ("gradient bucket size, MB (default per strategy: " + ", ".join(
+    f"{n} {b:g}" if (b := strategies.get(n).bucket_mb) else f"{n} cut to the link measured at start (--link-tuning)"
+    for n in strategies.names()) + ")")
 
 
 @dataclass
@@ -152,13 +152,12 @@ class TrainConfig:
     ps_addrs: list[str] = opt([], "comma-separated addresses of running `psring server`s (psring train "
                               "starts its own and fills this in)", section="ps", commands=("worker",),
                               metavar="tcp://HOST:PORT,...")
-    # compression last: config.json's earlier keys keep their order
+    # compression and the options below last: config.json's earlier keys keep their order
     compress: str = opt("none", "gradient codec: none, fp16, bf16, topk:RATIO, randomk:RATIO, onebit (which "
                         "ones a strategy takes: its registry entry)", section="compression",
                         metavar="CODEC", check=checks.compress_spec)
     error_feedback: bool = opt(True, "drop error feedback (the residual a sparse or 1-bit codec carries to "
                                "the next step)", section="compression")
-    # topology last, likewise
     ps_placement: str = opt("dedicated", "where PS servers run: dedicated (hosts of their own), colocated (one "
                             "on each worker host: --servers H), mixed (one on each worker host plus "
                             "--servers - H dedicated, loads split by BytePS's optimum)", section="ps",
@@ -166,18 +165,19 @@ class TrainConfig:
     workers_per_host: int = opt(0, "workers per host G: they share the host's one link and reach each other "
                                 "inside it (0: all on this one host on loopback, one per host with --net "
                                 "emulated)", section="run", check=at_least(0, " (0 = automatic)"))
-    # instrumentation last, likewise
     link_sample_ms: int = opt(20, "read every emulated host link's byte counters every MS ms into links.jsonl "
                               "(the launcher does, not the workers; 0: off)", section="network",
                               check=at_least(0))
-    # epochs last, likewise; validate() turns them into steps (config.json holds both)
     epochs: int | None = opt(None, "train E epochs instead of --steps: E passes over the training set, each "
                              "worker over its partition (E x the steps of an epoch at global batch N x B, "
                              "a last partial batch dropped)", section="run", check=at_least(1), metavar="E")
-    # the emulated links' tbf burst last, likewise
     link_burst: str = opt("1mb", "tbf's burst of every emulated link (e.g. 128kb where messages are a few MB: a "
                           "1 MB credit refilled during compute carries part of each step faster than the rate)",
                           section="network")
+    link_tuning: str = opt("auto", "how partitions, chunks and credits learn the link: auto (the PS fits them to "
+                           "--link-rate on --net emulated; otherwise a probe at start where workers span hosts), "
+                           "probe (measure even where told: the rate hidden), off (fixed buckets, no credits)",
+                           section="buckets", choices=TUNINGS)
 
     @property
     def samples(self) -> int:

@@ -33,7 +33,7 @@ class Strategy:
     is taken against. ``cost_model``: its key in ``costmodel.STRATEGIES`` (None: it moves no bytes).
     ``bench_raw``: the raw transport ``psring bench`` times it against (None: not benchable).
     ``sync_timed``: whether its communication can be timed apart from backward (DDP's cannot).
-    ``bucket_mb``: its default ``--bucket-mb``. ``overlaps``: the ``--overlap`` modes it honours. ``options``: the config sections (``config.SECTIONS``)
+    ``bucket_mb``: its default ``--bucket-mb`` (None: partitions cut to the link, ``ReduceSync``). ``overlaps``: the ``--overlap`` modes it honours. ``options``: the config sections (``config.SECTIONS``)
     it reads beyond the common ones; an option of another strategy's section left off its default is
     refused. ``reducer``: for the "reduce, then local optimizer" family (``sync.reducer.ReduceSync``),
     ``reducer(process_group_info) -> Reducer``; ``build`` wraps it, and ``psring bench`` times it
@@ -51,7 +51,7 @@ class Strategy:
     cost_model: str | None = None
     bench_raw: str | None = None
     sync_timed: bool = True
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = 25.0
     overlaps: tuple[str, ...] = ("none", "backward", "full")
     options: tuple[str, ...] = ()
     reducer: Callable | None = None
@@ -74,7 +74,8 @@ def _group(cfg: TrainConfig):
 def _reduce(cfg: TrainConfig, reducer) -> Synchronizer:
     from .sync.reducer import ReduceSync
 
-    return ReduceSync(reducer, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.timeout_s)
+    return ReduceSync(reducer, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.timeout_s,
+                      cfg.link_tuning)
 
 
 def _none(cfg: TrainConfig) -> Synchronizer:
@@ -143,6 +144,7 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                    curve=cfg.curve, window=cfg.ps_window,
                    links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate),
                    compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
+                   link_tuning=cfg.link_tuning,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
 
 
@@ -152,14 +154,15 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              codecs=CODECS),
     Strategy("allreduce", "torch.distributed all-reduce of gradient buckets, overlapped with backward",
              "all-reduce", "tab:blue", _reducing("allreduce"), process_group=True, cost_model="allreduce",
-             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=REDUCE_CODECS),
+             bench_raw="raw_allreduce", reducer=_torch_allreduce, codecs=REDUCE_CODECS, bucket_mb=None),
     Strategy("ring", "hand-written ring all-reduce (reduce-scatter + all-gather) on torch.distributed "
              "point-to-point", "ring (hand-written)", "tab:green", _reducing("ring"), process_group=True,
-             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCE_CODECS),
+             cost_model="allreduce", bench_raw="raw_allreduce", reducer=_ring_reducer, codecs=REDUCE_CODECS,
+             bucket_mb=None),
     Strategy("hierarchical", "reduce-scatter inside each host, all-reduce across hosts, all-gather inside "
              "(--workers-per-host G)", "hierarchical", "tab:olive", _reducing("hierarchical"),
              process_group=True, cost_model="two_level", bench_raw="raw_allreduce",
-             reducer=_hierarchical_reducer, codecs=REDUCE_CODECS),
+             reducer=_hierarchical_reducer, codecs=REDUCE_CODECS, bucket_mb=None),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, overlaps=("backward",),
              codecs=("fp16", "bf16", "powersgd")),

@@ -162,6 +162,8 @@ def finalize_run(out: Path, config: dict) -> dict:
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
     summary["epochs"] = config.get("epochs")  # --epochs E (None: --steps), which became ``steps``
     summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))
+    if (out / "tuned.json").exists():  # the link schedule attach chose (probe rate, partition, chunk)
+        summary.update(json.loads((out / "tuned.json").read_text()))
     write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     if config.get("trace"):
         from .trace import write_trace

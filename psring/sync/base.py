@@ -69,6 +69,7 @@ class Synchronizer(ABC):
         self.clock = PhaseClock(device)  # device-synchronizing clock for the strategy's own sub-phases
         self.resume: tuple[dict, int] | None = None  # (state_dict() of a checkpoint, first step to run)
         self.resume_rank: dict | None = None  # what this rank's rank_state() returned then, if it saved one
+        self.tuned: dict = {}  # what attach measured and chose (--link-tuning), for summary.json
 
     def resume_from(self, state: dict, step: int, rank_state: dict | None = None) -> None:
         """Before ``attach``: continue a run at ``step`` from ``state`` (what ``state_dict`` returned when

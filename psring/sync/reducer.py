@@ -94,38 +94,61 @@ class Reducer(ABC):
         """Release what ``attach`` set up."""
 
 
+UNTUNED_MB = 25.0  # DDP's bucket_cap_mb: the partition where no link is measured (one host, --link-tuning off)
+
+
 class ReduceSync(Synchronizer):
     """Reduce every bucket with ``reducer``, then run the local optimizer (gradients divided by N).
     ``overlap``: none (launch every bucket after backward), backward (from the backward hooks) or full
     (``sync.overlap``: step() only launches; each module's forward waits for its own buckets and runs
     their update, one fused optimizer call per bucket's unit of whole parameters)."""
 
-    def __init__(self, reducer: Reducer, optim: OptimConfig, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
-                 overlap: str = "backward", timeout_s: float = 120.0):
+    def __init__(self, reducer: Reducer, optim: OptimConfig, bucket_mb: float | None = 25.0,
+                 first_bucket_mb: float = 1.0, overlap: str = "backward", timeout_s: float = 120.0,
+                 link_tuning: str = "off"):
+        """``bucket_mb`` None: partitions cut to the link measured at start where ``link_tuning`` asks for
+        a probe (``link_probe``), else ``UNTUNED_MB``."""
         super().__init__(reducer.rank, reducer.world, reducer.device)
         self.reducer, self.optim_cfg, self.overlap = reducer, optim, overlap
         self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
         self.sched, self.timeout_s = None, timeout_s  # the priority scheduler (--overlap full, collectives)
         self.scheduled = self.full and getattr(reducer, "pg", None) is not None and self.world > 1
         self.name = reducer.name
-        self.cap, self.first_cap = int(bucket_mb * 2**20), int(first_bucket_mb * 2**20)
+        self.cap = None if bucket_mb is None else int(bucket_mb * 2**20)
+        self.first_cap, self.link_tuning, self.tuned = int(first_bucket_mb * 2**20), link_tuning, {}
         if reducer.uses_thread:
             reducer.use_comm(CommThread(timeout_s))
 
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())
+        if self.cap is None:
+            self.cap = self._tuned_cap(sum(sp.numel * sp.dtype.itemsize for sp in layout))
         self.buckets = GradBuckets(layout, self._ranges(layout), self._on_ready, self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
         self.messages: list[Message] = []
         self.reducer.resume, self.reducer.resume_rank = self.resume, self.resume_rank
         self.reducer.attach(model, self.buckets.buckets)
+        self.tuned = {**self.tuned, **getattr(self.reducer, "tuned", {})}
         self.optimizer = make_local_optimizer([p for p in model.parameters() if p.requires_grad], self.optim_cfg,
                                               grad_divisor=self.world)
         self._restore_optimizer()
         if self.full:
             self._attach_full(model)
         return model
+
+    def _tuned_cap(self, m_bytes: int) -> int:
+        """The partition ``link_probe.reduce_partition_bytes`` cuts for the link measured now (every rank
+        probes together and gets the same), or ``UNTUNED_MB`` where there is nothing to measure."""
+        from .link_probe import probe_collective, reduce_partition_bytes, wants_probe
+
+        pg = getattr(self.reducer, "pg", None)
+        if pg is None or self.world < 2 or not wants_probe(self.link_tuning, False):
+            return int(UNTUNED_MB * 2**20)
+        probe = probe_collective(pg.group, self.world, self.device)
+        cap = reduce_partition_bytes(m_bytes, self.world, probe)
+        self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": cap}
+        return cap
 
     def _ranges(self, layout) -> list[BucketRange]:
         """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) equal

@@ -8,6 +8,7 @@ Launch (see README): ``psring train ...`` starts everything on this machine; on 
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import TrainConfig
-from ..fileio import CAUSES, describe, torch_save_atomic
+from ..fileio import CAUSES, describe, torch_save_atomic, write_atomic
 from ..metrics.cpu import cpu_times
 from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
@@ -51,7 +52,7 @@ def train(cfg: TrainConfig) -> None:
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
     batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition)
-    model, start = attach_model(cfg, sync)
+    model, start = attach_model(cfg, sync, out)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
     test = None  # the held-out split, loaded at the first epoch end
@@ -144,9 +145,10 @@ def write_record(rec: StepRecord, log: StepLog, cfg: TrainConfig) -> None:
         print_step(rec, cfg)
 
 
-def attach_model(cfg: TrainConfig, sync) -> tuple[torch.nn.Module, int]:
+def attach_model(cfg: TrainConfig, sync, out: Path) -> tuple[torch.nn.Module, int]:
     """(the module to run forward on, the first step): the seeded model, resumed from ``cfg.resume`` if
-    given (parameters and buffers before attach: rank 0 hands them to the PS servers), attached."""
+    given (parameters and buffers before attach: rank 0 hands them to the PS servers), attached; rank 0
+    writes what attach chose to ``out`` (``write_tuned``)."""
     model, start = build_model(cfg.model, cfg.seed), 0
     if cfg.resume:
         ckpt = checkpoint.load(cfg.resume)
@@ -154,8 +156,17 @@ def attach_model(cfg: TrainConfig, sync) -> tuple[torch.nn.Module, int]:
         start = ckpt["step"] + 1
         sync.resume_from(ckpt["sync"], start, checkpoint.load_rank(cfg.resume, sync.rank, ckpt["step"]))
     model = sync.attach(model.to(sync.device))
+    write_tuned(sync, sync.rank, out)
     model.train()
     return model, start
+
+
+def write_tuned(sync, rank: int, out: Path) -> None:
+    """Rank 0: what attach measured and chose (``--link-tuning``), as summary.json's fields."""
+    if rank == 0 and sync.tuned:
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(out / "tuned.json", json.dumps(sync.tuned) + "\n")
+        print(f"[psring] link schedule: {sync.tuned}", flush=True)
 
 
 def save_checkpoint(cfg: TrainConfig, sync, rank: int, out: Path, step: int, model: torch.nn.Module) -> None:

@@ -42,18 +42,22 @@ class PSAggregate(Reducer):
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
                  error_feedback: bool = True, shares: list[float] | None = None, credit_mb: float | None = None,
-                 overlap: str = "backward"):
+                 overlap: str = "backward", link_tuning: str = "auto"):
         super().__init__(rank, world, device)
         self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)
         self.addrs, self.optim_cfg, self.timeout_s = addrs, optim, timeout_s
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
-        self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
-        self.credit_mb, self.overlap = credit_mb, overlap
+        self.window_opt, self.credit_mb, self.overlap, self.link_tuning = window, credit_mb, overlap, link_tuning
         self.client: PSClient | None = None
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
+        """The chunks, fitted to the links (measured first where ``--link-tuning`` asks for it)."""
+        self.probed, self.links_Bps, self.tuned = session.probed_links(
+            self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
+        known = self.links_Bps is not None
+        self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
         return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes, self.shares)
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
@@ -63,7 +67,8 @@ class PSAggregate(Reducer):
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
             resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
-            link_known=self.links_Bps is not None)
+            link_known=self.links_Bps is not None, client=self.probed)
+        self.tuned["chunk_bytes"] = max(b.nbytes for b in buckets)
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec
         self.scale = self.world if codec is not None and codec.dense else 1

@@ -41,6 +41,9 @@ Ops (request ``op`` field):
         header ``version``, ``clocks`` (ASP/SSP: every worker's clock; BSP: null), ``optim``, ``design``,
         ``consistency``, ``staleness``, ``codec``: init a fresh server with them and it continues exactly (BSP)
   done  the worker has finished; the server exits once every worker said so
+  probe  (``--link-tuning probe``, before init) ``round`` r, optional ``value`` (<= 16 numbers), any tensors:
+        answered once all N workers' probes of round r arrived, with the frames echoed and ``values``
+        (every worker's value, rank order): the link measured as a step will use it (``ps.probe``)
 Every request gets exactly one reply (and a pushpull with ``ack`` one ack before it): ``{"ok": true, "req": id, ...}`` or ``{"ok": false, "req": id,
 "error": "..."}`` (``req`` null when the request's own was unreadable or not an int). A pull is answered
 when its version is reached, a pushpull when its keys' update is done, not when they arrive; a worker may

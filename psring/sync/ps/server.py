@@ -28,6 +28,7 @@ from ...auth import secure_server
 from ...compress.spec import NONE
 from .encoded import pushed_keys
 from .optimizers import optim_header
+from .probe import ProbeRounds
 from .protocol import (PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors,
                        int_field, pack_header, unpack_header)
 from .server_metrics import StepMetrics
@@ -39,7 +40,7 @@ MAX_MESSAGE_BYTES = 1 << 30  # default cap on a request's frames, in all (init c
 CURVE_SLACK = 1024  # a frame's bytes on the wire with CURVE: payload + box overhead
 LOG_FIRST, LOG_EVERY = 20, 1000  # rejections logged one by one, then every LOG_EVERY-th (a peer can't flood the log)
 MAX_ERROR_CHARS = 400
-OPS = ("init", "push", "pushpull", "pull", "state", "done")
+OPS = ("init", "push", "pushpull", "pull", "state", "done", "probe")
 
 
 @dataclass
@@ -94,7 +95,8 @@ class ParameterServer:
         self.bytes_sent = self.bytes_recv = 0
         self.metrics = StepMetrics(self)
         self._ops = {"init": self._init, "push": self._push, "pushpull": self._push, "pull": self._pull,
-                     "state": self._state, "done": self._done}
+                     "state": self._state, "done": self._done, "probe": self._probe}
+        self.probes = ProbeRounds(workers)
 
     # --- replies ---------------------------------------------------------------------------------
     def _send(self, ident: bytes, header: dict, frames: list = ()) -> None:
@@ -227,6 +229,11 @@ class ParameterServer:
         self._no_frames("done", frames)
         self.done.add(self._worker(header))
         self._send(ident, {"ok": True, "req": req})
+
+    def _probe(self, ident: bytes, req, header: dict, frames: list) -> None:
+        decode_tensors(header, frames)  # the frames are what the header says; echoed as they came
+        for reply in self.probes.add(self._worker(header), header, (ident, req, header.get("tensors", []), frames)) or ():
+            self._send(*reply)
 
     def _serve_parked(self) -> None:
         still, limit = [], self.store.pull_limit()

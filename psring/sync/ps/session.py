@@ -88,15 +88,16 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
                 semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
                 error_feedback: bool = True, resume_rank: dict | None = None, credit_mb: float | None = None,
-                overlap: str = "backward", link_known: bool = False) -> tuple[PSClient, ChunkTransport, object]:
+                overlap: str = "backward", link_known: bool = False,
+                client: PSClient | None = None) -> tuple[PSClient, ChunkTransport, object]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
     step whose byte counts begin after it, and the channel it runs on (``channel``). ``resume_rank``: this
     rank's ``feedback_state`` of the checkpoint. ``credit_mb``, ``overlap``, ``link_known``: the priority
-    scheduler's credits (``sharding.credit_bytes``; 0: none)."""
+    scheduler's credits (``sharding.credit_bytes``; 0: none). ``client``: one already connected (the probe's)."""
     aggregate = semantics.design == "aggregate"
-    client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
+    client = client or PSClient(addrs, rank, timeout_s, frame_bytes, curve)
     codec = None if compress == NONE else parse(compress, error_feedback)
     credit = credit_bytes(credit_mb, overlap, link_known, max(b.nbytes for b in buckets))
     tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit)
@@ -112,6 +113,26 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
         load_feedback(tr, layout, resume_rank, compress, rank, start_step)
     tr.new_step()  # the init and the start pull are not step 0's bytes
     return client, tr, channel(tr, timeout_s)
+
+
+def probed_links(addrs: list[str], rank: int, timeout_s: float, frame_bytes: int | None, curve: str | None,
+                 links_Bps, tuning: str) -> tuple[PSClient | None, tuple[float, float] | None, dict]:
+    """Where ``--link-tuning`` asks for it (``link_probe.wants_probe``), a client connected to the servers
+    and the links the probe measured: the rate each worker's chunks see with every worker pushing (its
+    servers' links included, so the server side is left unbounded); else (None, the told links, {})."""
+    from ..link_probe import wants_probe
+
+    if not wants_probe(tuning, links_Bps is not None):
+        return None, links_Bps, {}
+    from .probe import probe_servers
+
+    client = PSClient(addrs, rank, timeout_s, frame_bytes, curve)
+    try:
+        probe = probe_servers(client)
+    except BaseException:
+        client.close()
+        raise
+    return client, (probe.rate_Bps, float("inf")), {"link_tuning": "probe", **probe.as_dict()}
 
 
 def channel(tr: ChunkTransport, timeout_s: float):

@@ -48,7 +48,7 @@ class PSSync(Synchronizer):
                  timeout_s: float, bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
-                 shares: list[float] | None = None, credit_mb: float | None = None):
+                 shares: list[float] | None = None, credit_mb: float | None = None, link_tuning: str = "auto"):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
@@ -65,11 +65,14 @@ class PSSync(Synchronizer):
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
         self.links_Bps, self.compress, self.error_feedback, self.shares = links_Bps, compress, error_feedback, shares
-        self.window = default_window(len(addrs), links_Bps is not None) if window is None else window
-        self.credit_mb = credit_mb
+        self.window_opt, self.credit_mb, self.link_tuning = window, credit_mb, link_tuning
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
+        probed, self.links_Bps, self.tuned = session.probed_links(
+            self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
+        known = self.links_Bps is not None
+        self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
         ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares)
         self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device)
         self.client, self.tr, self.chan = session.open_worker(
@@ -77,7 +80,8 @@ class PSSync(Synchronizer):
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
             error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
-            overlap=self.overlap, link_known=self.links_Bps is not None)
+            overlap=self.overlap, link_known=known, client=probed)
+        self.tuned["chunk_bytes"] = max(b.nbytes for b in self.buckets.buckets)
         self.deferred: list[Bucket] = []
         if self.full:
             self.covering, self.waits = buckets_of(self.buckets.buckets), Waits()
@@ -199,17 +203,17 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
             error_feedback: bool = True, shares: list[float] | None = None,
-            credit_mb: float | None = None) -> Synchronizer:
+            credit_mb: float | None = None, link_tuning: str = "auto") -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
     shares of the parameters (``topology.server_shares``), None for equal ones."""
     semantics: Semantics = check_semantics(design, consistency, staleness)
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
-                      staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb)
+                      staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb, link_tuning)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
     reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
-                          compress, error_feedback, shares, credit_mb, overlap)
+                          compress, error_feedback, shares, credit_mb, overlap, link_tuning)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

@@ -1,0 +1,115 @@
+"""The link, measured at start (``--link-tuning``; issue #29 item 3): partition sizes and credits without
+being told the rate, so a multi-host torchrun run is scheduled as an emulated one is.
+
+Every worker times the same exchange at two sizes, all workers together (so the probe sees the contention
+a step's own traffic will: N pushes converging on S servers, or the ring's N concurrent transfers), and
+the ranks agree on the slowest rank's times. ``t = fixed + wire / rate`` fitted through the two points
+gives the rate of the link *between* them: both sizes are beyond tbf's 1 MB burst (``net/emulated.py``)
+and a TCP window's ramp, which a single size would count as bandwidth (ByteScheduler tunes online with
+Bayesian optimisation instead; two sizes are enough for the two numbers the schedules below need).
+
+The reduce family cuts its gradients into partitions of ``reduce_partition_bytes`` (the last partition is
+the tail after backward; each one costs ``fixed``); the PS fits its chunks and credits to the rate as it
+does to a known link (``ps.sharding.fitted_chunk_bytes``; its probe is ``ps.probe``).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+# Both beyond tbf's 1 MB burst; at 100 Mbit the larger takes 0.5 s (all-reduce, N = 4), at 10 Gbit 5 ms.
+PROBE_BYTES = (2 << 20, 6 << 20)
+REPEATS = 2  # the fastest of each size: one late start (a page fault, a scheduler tick) is not the link
+TUNINGS = ("auto", "probe", "off")
+MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
+MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
+
+
+@dataclass(frozen=True)
+class LinkProbe:
+    """What the probe found: ``rate_Bps``, one worker's payload rate on the wire under the exchange's own
+    contention; ``fixed_s``, an exchange's cost beyond its bytes (the fit's intercept, clamped)."""
+    rate_Bps: float
+    fixed_s: float
+
+    def as_dict(self) -> dict:
+        return {"probe_rate_Bps": round(self.rate_Bps), "probe_fixed_ms": round(self.fixed_s * 1e3, 3)}
+
+
+def fit(wire_bytes: tuple[float, float], times_s: tuple[float, float]) -> LinkProbe:
+    """The line through two (bytes on one worker's wire, seconds) points; a slope the noise made flat or
+    negative (the larger size no slower) falls back to the larger point's mean rate.
+
+    >>> fit((2e6, 6e6), (0.25, 0.65))  # 10 MB/s, 50 ms a call
+    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05)
+    """
+    (s1, s2), (t1, t2) = wire_bytes, times_s
+    if not (s2 > s1 > 0 and t1 > 0 and t2 > 0):
+        raise ValueError(f"probe needs two growing sizes and positive times, got {wire_bytes}, {times_s}")
+    rate = (s2 - s1) / (t2 - t1) if t2 > t1 else s2 / t2
+    rate = min(rate, s2 / t2 * 10)  # t2 - t1 tiny against t2: no more than 10x the mean rate
+    fixed = min(max(t1 - s1 / rate, MIN_FIXED_S), MAX_FIXED_S)
+    return LinkProbe(float(rate), float(round(fixed, 6)))
+
+
+def spans_hosts() -> bool:
+    """Whether this run's workers are on more than one host (torchrun's, and psring's emulated hosts',
+    LOCAL_WORLD_SIZE below WORLD_SIZE): where there is a link between them to schedule."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
+
+
+def wants_probe(tuning: str, told: bool) -> bool:
+    """Whether to probe: ``probe`` always (also where the rate is told: the test option that hides it);
+    ``auto`` where the workers span hosts and the rate is not told; ``off`` never."""
+    if tuning not in TUNINGS:
+        raise ValueError(f"link tuning {tuning!r}; expected one of {', '.join(TUNINGS)}")
+    return tuning == "probe" or (tuning == "auto" and not told and spans_hosts())
+
+
+def ring_wire(nbytes: int, world: int) -> float:
+    """Bytes one worker sends (and receives) in a ring all-reduce of ``nbytes``: 2(N-1)/N of them."""
+    return 2 * (world - 1) / world * nbytes
+
+
+def probe_collective(group, world: int, device: torch.device, sizes: tuple[int, int] = PROBE_BYTES,
+                     repeats: int = REPEATS) -> LinkProbe:
+    """Time an all-reduce of each size on ``group`` (every rank calls it), the fastest of ``repeats``;
+    the ranks agree on the slowest rank's times (a MAX all-reduce), so all cut the same partitions."""
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.zeros(1024, device=device), group=group)  # connections up, buffers touched
+    times = []
+    for nbytes in sizes:
+        buf = torch.zeros(nbytes // 4, device=device)
+        best = math.inf
+        for _ in range(repeats):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_reduce(buf, group=group)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        times.append(best)
+    agreed = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+    t1, t2 = agreed.tolist()
+    return fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), (t1, t2))
+
+
+def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
+    """The reduce family's partition: n = M/b of them cost n * fixed, and the last one, reduced after
+    backward, 2(N-1)/N * b / rate; b = sqrt(M * fixed * rate * N / (2(N-1))) minimises the sum. Between
+    ``MIN_PARTITION`` and ``MAX_PARTITION``.
+
+    >>> reduce_partition_bytes(44_695_848, 4, LinkProbe(11.95e6, 0.005))  # ResNet-18, N=4, 100 Mbit
+    1334310
+    """
+    k = 2 * (world - 1) / world
+    b = math.sqrt(m_bytes * probe.fixed_s * probe.rate_Bps / k)
+    return int(min(MAX_PARTITION, max(MIN_PARTITION, b)))
