@@ -43,7 +43,7 @@ def format_table(df: pd.DataFrame) -> str:
     modelled = "bound_s" in df and df["bound_s"].notna().any()
     head = f"{'strategy':<10} {'workers':>7} {'servers':>7} {'samples/s':>10} {'speedup':>8} {'sync share':>10}"
     if modelled:
-        head += f" {'sync ms':>8} {'model ms':>8} {'ratio':>6} {'cpu':>5}"
+        head += f" {'sync ms':>8} {'model ms':>8} {'ratio':>6} {'step ms':>8} {'step/bound':>10} {'cpu':>5}"
     lines = [head, "-" * len(head)]
     for r in df.to_dict("records"):
         if r["status"] != "ok":
@@ -57,7 +57,10 @@ def format_table(df: pd.DataFrame) -> str:
         if modelled:
             ratio = "-" if pd.isna(r["over_bound"]) else f"{r['over_bound']:.2f}"
             cpu = "-" if pd.isna(r.get("cpu_util")) else f"{100 * r['cpu_util']:.0f}%"
-            line += f" {_ms(r['sync_s_p50']):>8} {_ms(r['bound_s']):>8} {ratio:>6} {cpu:>5}"
+            step = r.get("step_over_bound")  # the whole step beside the bound of its --overlap mode
+            step = "-" if step is None or pd.isna(step) else f"{step:.2f}"
+            line += f" {_ms(r['sync_s_p50']):>8} {_ms(r['bound_s']):>8} {ratio:>6} {_ms(r.get('step_s_p50')):>8} " \
+                    f"{step:>10} {cpu:>5}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -106,7 +109,7 @@ def run_compare(out: str, steps: int | None = None, net: str | None = None) -> i
           f"excluded); runs in {out}/")
     if net == "emulated":
         print("model = the alpha-beta bound of the sync step on these links (psring.bounds); ratio = sync / "
-              "model; cpu = share of all cores busy (far below 100%: the links, not the CPU, set the times)")
+              "model; step/bound = the median step over the bound of its --overlap mode (psring.overlap_model); cpu = share of all cores busy (far below 100%: the links, not the CPU, set the times)")
         ok = df[df["status"] == "ok"]
         if not ok.empty:
             from .plot.compare import figure_compare

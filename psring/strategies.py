@@ -20,6 +20,12 @@ def overlap_mode(value):
     ``--overlap MODE``, when ``--no-overlap`` was False) as the mode it meant; anything else as it is."""
     return ("backward" if value else "none") if isinstance(value, bool) else value
 
+
+def during_backward(mode: str) -> bool:
+    """Whether ``--overlap MODE`` sends each bucket from backward's hooks (backward, full), not after it."""
+    return mode != OVERLAPS[0]
+
+
 if TYPE_CHECKING:
     from .config import TrainConfig
     from .sync.base import Synchronizer

@@ -40,19 +40,19 @@ def table() -> pd.DataFrame:
         {**row, "sync": "allreduce", "workers": 2, "servers": 1, "speedup": 0.8, "sync_s_p50": 0.30,
          "bound_s": 0.35, "over_bound": 0.30 / 0.35},
         {**row, "sync": "ps", "workers": 4, "servers": 1, "speedup": 0.4, "sync_s_p50": 1.40,
-         "bound_s": 1.30, "over_bound": 1.40 / 1.30},
+         "bound_s": 1.30, "over_bound": 1.40 / 1.30, "step_s_p50": 1.9, "step_over_bound": 1.9 / 1.8},
         {**row, "sync": "ps", "workers": 4, "servers": 4, "speedup": 1.5, "sync_s_p50": 0.26,
          "bound_s": 0.25, "over_bound": 0.26 / 0.25}])
 
 
 def test_the_table_puts_each_sync_time_beside_its_model():
     lines = compare.format_table(table()).splitlines()
-    assert "sync ms model ms  ratio" in lines[0]
+    assert "sync ms model ms  ratio  step ms step/bound" in lines[0]
     ps1 = lines[4].split()
-    assert ps1[:3] == ["ps", "4", "1"] and ps1[-4:] == ["1400", "1300", "1.08", "40%"]
-    assert lines[3].split()[-4:] == ["300", "350", "0.86", "40%"]
+    assert ps1[:3] == ["ps", "4", "1"] and ps1[-6:] == ["1400", "1300", "1.08", "1900", "1.06", "40%"]
+    assert lines[3].split()[-6:] == ["300", "350", "0.86", "-", "-", "40%"], "no step bound: none given"
     assert lines[3].split()[2] == "-", "no servers column for all-reduce"
-    assert lines[2].split()[-4:] == ["0", "-", "-", "40%"], "no model without communication"
+    assert lines[2].split()[-6:] == ["0", "-", "-", "-", "-", "40%"], "no model without communication"
 
 
 def test_series_and_figure():

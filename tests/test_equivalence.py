@@ -62,7 +62,10 @@ FULL_CASES = [
     ("ps", 3, 2, SMALL_BUCKETS + FULL + CREDITS + ("--ps-design", "aggregate")),
     ("ps", 3, 2, SMALL_BUCKETS + CREDITS),  # the priority scheduler with --overlap backward
 ]
-CASES += FULL_CASES
+PROBE = ("--link-tuning", "probe")  # partitions, chunks and credits cut to the link measured at start
+PROBE_CASES = [("allreduce", 3, 1, FULL + PROBE), ("ring", 2, 1, PROBE), ("ps", 3, 2, FULL + PROBE),
+               ("ps", 2, 2, PROBE + ("--ps-design", "aggregate"))]
+CASES += FULL_CASES + PROBE_CASES
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +111,15 @@ def test_full_overlap_records_every_steps_traffic(runs, sync, n, s, extra):
     assert sorted((x["rank"], x["step"]) for x in recs) == [(k, t) for k in range(n) for t in range(STEPS)]
     assert len({x["bytes_sent"] for x in recs if x["rank"] == 0}) == 1 and recs[0]["bytes_sent"] > 0
     assert all(x["messages"] and "gate_s" in x and x["gate_s"] >= 0 and x["sync_s"] >= 0 for x in recs)
+
+
+@pytest.mark.parametrize("sync,n,s,extra", PROBE_CASES)
+def test_probed_runs_record_the_link_they_measured_and_what_they_cut(runs, sync, n, s, extra):
+    import json
+
+    r, out = runs[(sync, n, s, extra)]
+    assert r.returncode == 0, r.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["link_tuning"] == "probe" and summary["probe_rate_Bps"] > 0 and summary["probe_fixed_ms"] > 0
+    cut = summary["chunk_bytes"] if sync == "ps" else summary["partition_bytes"]
+    assert 0 < cut <= 25 << 20

@@ -9,7 +9,8 @@ What is drawn depends on what the folder holds:
   (``workers_per_host`` > 1) ``topology`` (every arrangement's sync time beside its bound, and BytePS's
   colocated + k dedicated servers curve) instead of ``servers``; emulated runs at several N over one
   link rate, with and without servers (``psring compare`` as root) -> ``compare`` (sync time vs N beside
-  the model);
+  the model); ``--overlap`` modes at several compute:comm (``experiments/overlap.toml``) -> ``overlap``
+  (step time against compute:comm per mode, each beside its bound);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
@@ -22,6 +23,8 @@ What is drawn depends on what the folder holds:
   with servers whose records hold push/reply messages -> ``ps_step_<run>`` (one step's pushes, the
   servers' wait and update, the replies on one time axis) and ``ps_step_<run>.gif``; the run with the
   most workers (and servers) of each strategy, as for the timeline;
+* traced ``--overlap full`` runs -> ``priority_<run>`` (one step of one worker: when each bucket or chunk
+  was made, sent and back, by index: the priority order at work);
 * every run folder with ``links.jsonl`` (``--net emulated``: the launcher's link samples) -> ``links_<run>``
   (a host x time heatmap of each direction's link utilisation over a few steps).
 
@@ -40,7 +43,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..compress.spec import NONE
-from ..strategies import names, uses_servers
+from ..strategies import OVERLAPS, names, uses_servers
 from ..bounds import with_bounds
 from .breakdown import figure_breakdown
 from .compare import figure_compare, has_compare
@@ -50,6 +53,8 @@ from .compression import figure_compression, figure_seed_spread, figure_time_to_
     has_seed_spread
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
+from .overlap import figure_overlap, has_overlap_grid
+from .priority import figure_priority, pick_step
 from .ps_step import animate_ps_step, figure_ps_step, pick_ps_step
 from .ring_steps import animate_ring_steps, figure_ring_steps, has_transfers
 from .servers import figure_servers, has_server_curve
@@ -57,8 +62,10 @@ from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .topology import figure_topology, has_topology
 
+FULL = OVERLAPS[2]
+
 __all__ = ["animate_ps_step", "animate_ring_steps", "figure_breakdown", "figure_convergence",
-           "figure_message_size", "figure_ps_step", "figure_ring_steps", "figure_servers", "figure_speedup",
+           "figure_message_size", "figure_overlap", "figure_priority", "figure_ps_step", "figure_ring_steps", "figure_servers", "figure_speedup",
            "figure_timeline", "figure_topology", "main", "model_curve", "plot_results", "ps_step_runs",
            "ring_step_runs", "show", "timeline_runs"]
 
@@ -97,6 +104,12 @@ def ps_step_runs(folder: Path) -> list[Path]:
                       and any((d / "servers").glob("server*.jsonl")) and pick_ps_step(d) is not None)
 
 
+def priority_runs(folder: Path) -> list[Path]:
+    """Traced ``--overlap full`` runs whose records hold readiness and messages, one per strategy."""
+    return _best_runs(folder, lambda d, info: bool(info.get("trace")) and info.get("overlap") == FULL
+                      and pick_step(d) is not None)
+
+
 def _stem(prefix: str, folder: Path, sub: Path) -> str:
     rel = sub.relative_to(folder).as_posix()
     rel = rel.removeprefix("runs/")
@@ -110,6 +123,27 @@ def _compare(runs: pd.DataFrame, out: Path, formats: tuple[str, ...]) -> list[Pa
         return []
     ok = bounded[bounded["status"] == "ok"] if "status" in bounded else bounded
     return save(figure_compare(ok), out, "compare", formats)
+
+
+def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """The figures of a run table (a sweep's runs.csv, or its run folders' summaries)."""
+    written: list[Path] = []
+    if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
+        written += save(figure_compression(runs), out, "compression", formats)
+    elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1 and \
+            not has_topology(runs) and \
+            runs.get("compress", pd.Series(dtype=str)).fillna(NONE).nunique() <= 1:  # (codecs: a line each)
+        written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
+    if "step_s_p50" in runs:
+        written += save(figure_breakdown(runs), out, "breakdown", formats)
+    if has_overlap_grid(runs):  # --overlap modes at several compute:comm (experiments/overlap.toml)
+        written += save(figure_overlap(runs), out, "overlap", formats)
+    if has_server_curve(runs) and not has_topology(runs):
+        written += save(figure_servers(runs, link), out, "servers", formats)
+    if has_topology(runs):  # hosts of several workers: every arrangement beside its bound
+        written += save(figure_topology(runs, link), out, "topology", formats)
+    written += _compare(runs, out, formats)
+    return written
 
 
 def plot_results(folder: str | Path, calibration: str | Path | None = None,
@@ -128,19 +162,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
 
     runs = run_table(folder)
     if runs is not None and not runs.empty:
-        if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
-            written += save(figure_compression(runs), out, "compression", formats)
-        elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1 and \
-                not has_topology(runs) and \
-                runs.get("compress", pd.Series(dtype=str)).fillna(NONE).nunique() <= 1:  # (codecs: a line each)
-            written += save(figure_speedup(runs, link, calibration_note=note), out, "speedup", formats)
-        if "step_s_p50" in runs:
-            written += save(figure_breakdown(runs), out, "breakdown", formats)
-        if has_server_curve(runs) and not has_topology(runs):
-            written += save(figure_servers(runs, link), out, "servers", formats)
-        if has_topology(runs):  # hosts of several workers: every arrangement beside its bound
-            written += save(figure_topology(runs, link), out, "topology", formats)
-        written += _compare(runs, out, formats)
+        written += _table_figures(runs, link, note, out, formats)
 
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:
@@ -165,6 +187,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         stem = _stem("ps_step", folder, d)
         written += save(figure_ps_step(d, link), out, stem, formats)
         written.append(animate_ps_step(d, out, stem))
+    for d in priority_runs(folder):  # one full-overlap step: each unit made, sent, back, by index
+        written += save(figure_priority(d), out, _stem("priority", folder, d), formats)
     for d in link_runs(folder):  # every emulated run whose launcher sampled its links
         written += save(figure_links(d), out, _stem("links", folder, d), formats)
 

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..config import OptimConfig
+from ..strategies import during_backward
 from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
 from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges, space_sizes
 from .handles import CommThread, FutureHandle, Handle, WorkHandle  # noqa: F401 - imported from here too
@@ -139,11 +140,13 @@ class ReduceSync(Synchronizer):
 
     def _tuned_cap(self, m_bytes: int) -> int:
         """The partition ``link_probe.reduce_partition_bytes`` cuts for the link measured now (every rank
-        probes together and gets the same), or ``UNTUNED_MB`` where there is nothing to measure."""
+        probes together and gets the same), or ``UNTUNED_MB`` where there is nothing to measure, and with
+        ``--overlap none``, where every bucket leaves after backward: no tail to shorten, only calls to count."""
         from .link_probe import probe_collective, reduce_partition_bytes, wants_probe
 
         pg = getattr(self.reducer, "pg", None)
-        if pg is None or self.world < 2 or not wants_probe(self.link_tuning, False):
+        deferred = not during_backward(self.overlap)
+        if pg is None or self.world < 2 or deferred or not wants_probe(self.link_tuning, False):
             return int(UNTUNED_MB * 2**20)
         probe = probe_collective(pg.group, self.world, self.device)
         cap = reduce_partition_bytes(m_bytes, self.world, probe)
@@ -181,7 +184,7 @@ class ReduceSync(Synchronizer):
                                            self.timeout_s)
 
     def _on_ready(self, b: Bucket) -> None:
-        if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
+        if during_backward(self.overlap):  # launched from backward's hooks, not after it
             self._launch(b)
         else:
             self.deferred.append(b)

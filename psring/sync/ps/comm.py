@@ -20,6 +20,8 @@ import itertools
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import zmq
 
@@ -79,7 +81,7 @@ class PSComm:
         self.wake_rx.bind(addr)
         self.wake_tx.connect(addr)
         self.incoming: deque[Bucket] = deque()  # chunks the trainer made ready (deque: thread-safe ends)
-        self.jobs: deque = deque()  # (function, [result, error, done Event])
+        self.jobs: deque = deque()  # (function, its Future)
         self.replies: dict[int, tuple[Bucket, Received]] = {}  # chunk index -> (chunk, reply) until taken
         self.cond = threading.Condition()
         self.error: BaseException | None = None
@@ -117,14 +119,13 @@ class PSComm:
 
     def run(self, fn):
         """Run ``fn()`` on the thread (it touches the sockets or the transport) and return its result."""
-        box = [None, None, threading.Event()]
-        self.jobs.append((fn, box))
+        fut: Future = Future()
+        self.jobs.append((fn, fut))
         self._wake()
-        if not box[2].wait(self.timeout_s + 5):
-            raise PSError(f"the PS communication thread did not answer within {self.timeout_s:.0f} s")
-        if box[1] is not None:
-            raise box[1]
-        return box[0]
+        try:
+            return fut.result(self.timeout_s + 5)  # fn's exception, if any, raised here
+        except FutureTimeout:
+            raise PSError(f"the PS communication thread did not answer within {self.timeout_s:.0f} s") from None
 
     def close(self) -> None:
         """Stop the thread; the sockets are the caller's again (to say done and close them)."""
@@ -184,9 +185,8 @@ class PSComm:
 
     def _jobs(self) -> None:
         while self.jobs:
-            fn, box = self.jobs.popleft()
+            fn, fut = self.jobs.popleft()
             try:
-                box[0] = fn()
+                fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
-                box[1] = e
-            box[2].set()
+                fut.set_exception(e)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from ...strategies import during_backward
 from ..buckets import BucketRange, whole_param_ranges
 
 
@@ -155,4 +156,4 @@ def credit_bytes(credit_mb: float | None, overlap: str, link_known: bool, chunk_
     3% of the bound)."""
     if credit_mb is not None:
         return int(credit_mb * 2**20)
-    return CREDIT_CHUNKS * chunk_bytes if link_known and overlap in ("backward", "full") else 0
+    return CREDIT_CHUNKS * chunk_bytes if link_known and during_backward(overlap) else 0

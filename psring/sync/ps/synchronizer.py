@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ...config import OptimConfig
+from ...strategies import during_backward
 from ..base import Message, Synchronizer, SyncStats
 from ..buckets import Bucket, GradBuckets, flat_layout
 from ..overlap import Waits, buckets_of, install_gates
@@ -108,7 +109,7 @@ class PSSync(Synchronizer):
         return session.feedback_state(self.tr, self.layout, self.compress)
 
     def _on_ready(self, b: Bucket) -> None:
-        if self.overlap in ("backward", "full"):  # launched from backward's hooks, not after it
+        if during_backward(self.overlap):  # launched from backward's hooks, not after it
             self.chan.ready(b)
         else:
             self.deferred.append(b)

@@ -1,0 +1,130 @@
+"""The link measured at start (``--link-tuning``, issue #29 item 3): the two-size fit, the reduce family's
+partition, when a run probes, and the PS servers' probe op (a barrier per round, frames echoed, every
+worker's value handed to all). The runs that probe and still train exactly are in test_equivalence.py;
+the probe's figures on emulated links in results/overlap (tests/test_overlap_results.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from test_ps_state import clients, live_server
+
+from psring.config import TUNINGS as CONFIG_TUNINGS
+from psring.sync.link_probe import (
+    MAX_FIXED_S,
+    MAX_PARTITION,
+    MIN_FIXED_S,
+    MIN_PARTITION,
+    TUNINGS,
+    LinkProbe,
+    fit,
+    reduce_partition_bytes,
+    ring_wire,
+    wants_probe,
+)
+from psring.sync.ps.client import PSError
+from psring.sync.ps.probe import MAX_ROUND, probe_servers
+
+
+def test_the_fit_is_the_line_through_both_sizes_so_a_burst_at_the_start_is_not_bandwidth():
+    # a 1 MB burst at line rate (1 GB/s) then 10 MB/s: each size pays the same burst, the slope is the link
+    t = [0.001 + 1e6 / 1e9 + (s - 1e6) / 1e7 for s in (2e6, 6e6)]
+    got = fit((2e6, 6e6), tuple(t))
+    assert got.rate_Bps == pytest.approx(1e7) and MIN_FIXED_S <= got.fixed_s <= MAX_FIXED_S
+    assert fit((2e6, 6e6), (0.4, 0.4)).rate_Bps == pytest.approx(6e6 / 0.4)  # flat: the mean rate, not infinity
+    assert fit((2e6, 6e6), (0.4, 0.401)).rate_Bps == pytest.approx(6e6 / 0.401 * 10)  # steep noise: capped at 10x
+    assert fit((2e6, 6e6), (10.0, 10.4)).fixed_s == MAX_FIXED_S  # an intercept the noise made huge is clamped
+    for bad in [((6e6, 2e6), (0.1, 0.2)), ((2e6, 6e6), (0.0, 0.2)), ((0, 6e6), (0.1, 0.2))]:
+        with pytest.raises(ValueError, match="two growing sizes"):
+            fit(*bad)
+
+
+def test_the_partition_balances_its_fixed_cost_against_the_tail_after_backward():
+    m, n = 44_695_848, 4
+    slow, fast = LinkProbe(12e6, 0.005), LinkProbe(120e6, 0.005)
+    b_slow, b_fast = reduce_partition_bytes(m, n, slow), reduce_partition_bytes(m, n, fast)
+    assert b_slow < b_fast  # a faster link affords bigger partitions for the same tail
+    k = 2 * (n - 1) / n
+
+    def cost(b):  # n partitions' fixed cost + the last one's reduction after backward
+        return m / b * slow.fixed_s + k * b / slow.rate_Bps
+
+    assert cost(b_slow) <= min(cost(b_slow * 0.7), cost(b_slow * 1.4))
+    assert reduce_partition_bytes(m, n, LinkProbe(1e3, 0.0005)) == MIN_PARTITION
+    assert reduce_partition_bytes(m, n, LinkProbe(1e12, 0.05)) == MAX_PARTITION
+    assert ring_wire(4 << 20, 4) == 1.5 * (4 << 20) and ring_wire(1, 1) == 0
+
+
+def test_who_probes(monkeypatch):
+    assert TUNINGS == CONFIG_TUNINGS
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # one host: no link between the workers
+    assert not wants_probe("auto", False) and wants_probe("probe", True) and not wants_probe("off", False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # four hosts (torchrun's nodes, emulated hosts)
+    assert wants_probe("auto", False) and not wants_probe("auto", True)  # told (the PS on --net emulated)
+    assert wants_probe("probe", True) and not wants_probe("off", False)
+    with pytest.raises(ValueError, match="auto, probe, off"):
+        wants_probe("sometimes", False)
+
+
+def test_every_worker_gets_the_same_probe_from_the_servers():
+    """Two workers, two servers: the rounds are barriers, the last one hands every worker all workers'
+    times, so both fit the same line (and cut the same chunks)."""
+    with live_server(2) as a, live_server(2) as b:
+        from psring.sync.ps.client import PSClient
+
+        made = [PSClient([a.address, b.address], w, 10) for w in range(2)]
+        got: dict[int, LinkProbe] = {}
+        try:
+            ts = [threading.Thread(target=lambda w=w: got.setdefault(w, probe_servers(made[w], (1 << 18, 1 << 20))))
+                  for w in range(2)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+        finally:
+            for c in made:
+                c.close()
+        assert set(got) == {0, 1} and got[0] == got[1] and got[0].rate_Bps > 0
+        assert a.errors == b.errors == 0
+
+
+def test_a_probe_round_waits_for_every_worker_and_echoes_each_ones_frames():
+    with live_server(2) as srv, clients(srv.address, 2) as (c0, c1):
+        r0 = c0.send(0, {"op": "probe", "round": 3, "value": [1.5]}, [("p", torch.arange(5, dtype=torch.uint8))])
+        with pytest.raises(PSError, match="did not answer"):  # one of two: no reply yet
+            PSClient_timeout(c0, r0)
+        r1 = c1.send(0, {"op": "probe", "round": 3, "value": [2]}, [("q", torch.full((3,), 7, dtype=torch.uint8))])
+        h0, t0 = c0.recv(0, r0)
+        h1, t1 = c1.recv(0, r1)
+        assert h0["values"] == h1["values"] == [[1.5], [2]]
+        assert t0[0][0] == "p" and t0[0][1].tensor().tolist() == [0, 1, 2, 3, 4]
+        assert t1[0][0] == "q" and t1[0][1].tensor().tolist() == [7, 7, 7]
+
+
+def PSClient_timeout(c, req, timeout_ms=300):
+    saved, c.timeout_ms = c.timeout_ms, timeout_ms
+    try:
+        return c.recv(0, req)
+    finally:
+        c.timeout_ms = saved
+
+
+@pytest.mark.parametrize("header,match", [
+    ({"round": MAX_ROUND + 1}, "round"), ({"round": -1}, "round"), ({"round": "1"}, "round"),
+    ({"round": 0, "value": "fast"}, "list of at most"), ({"round": 0, "value": [1] * 17}, "list of at most"),
+    ({"round": 0, "value": [None]}, "list of at most"),
+])
+def test_bad_probes_are_refused_in_one_line(header, match):
+    with live_server(2) as srv, clients(srv.address, 1) as (c,):
+        with pytest.raises(PSError, match=match):
+            c.call(0, {"op": "probe", **header})
+        assert srv.errors == 1
+
+
+def test_a_second_probe_of_a_round_from_the_same_worker_is_refused():
+    with live_server(2) as srv, clients(srv.address, 1) as (c,):
+        c.send(0, {"op": "probe", "round": 0})
+        with pytest.raises(PSError, match="probed round 0 twice"):
+            c.call(0, {"op": "probe", "round": 0})
