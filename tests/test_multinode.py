@@ -105,8 +105,16 @@ def test_readme_torchrun_on_two_hosts_equals_psring_train(psring, tmp_path, no_n
     _, err = reference.communicate(timeout=TIMEOUT_S)
     assert reference.returncode == 0, err
     a, b = torch.load(out / "model.pt"), torch.load(ref / "model.pt")
-    if not sync.startswith("ps"):  # the same collectives in the same order: bit for bit
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    got, want = (json.loads((d / "summary.json").read_text()) for d in (out, ref))
+    assert got["link_tuning"] == "probe" and got["probe_rate_Bps"] > 0  # across hosts the link is measured
+    if not sync.startswith("ps"):
+        # the same collectives in the same order: bit for bit, where both measured links cut the same
+        # partitions; else the sums' order differs within a bucket, by rounding only
+        if got["partition_bytes"] == want.get("partition_bytes"):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        else:
+            diff = max((a[k] - b[k]).abs().max().item() for k in a) / max(b[k].abs().max().item() for k in a)
+            assert diff <= 1e-4, f"{sync}: partitions {got['partition_bytes']} and {want.get('partition_bytes')}: {diff:.2e}"
     # The PS sums pushes in arrival order, so any two PS runs differ in the last bits, and 20 steps
     # amplify that (measured after 20 steps: up to 3e-5 against parameters up to 0.2; a small bias tensor's
     # own largest element is then 1.7e-3 off, so test_equivalence's per-tensor measure is no use here). A run that

@@ -76,13 +76,30 @@ def ring_wire(nbytes: int, world: int) -> float:
     return 2 * (world - 1) / world * nbytes
 
 
-def probe_collective(group, world: int, device: torch.device, sizes: tuple[int, int] = PROBE_BYTES,
+class ProbeBucket:
+    """What a ``Reducer`` reads of a bucket, around a probe's buffer (index -1: no step's bucket)."""
+    index = -1
+
+    def __init__(self, flat: torch.Tensor):
+        self.flat, self.nbytes = flat, flat.numel() * flat.element_size()
+
+
+def probe_collective(group, world: int, device: torch.device, reducer=None, sizes: tuple[int, int] = PROBE_BYTES,
                      repeats: int = REPEATS) -> LinkProbe:
-    """Time an all-reduce of each size on ``group`` (every rank calls it), the fastest of ``repeats``;
-    the ranks agree on the slowest rank's times (a MAX all-reduce), so all cut the same partitions."""
+    """Time a reduction of each size on ``group`` (every rank calls it), the fastest of ``repeats``: the
+    strategy's own (``reducer.launch(bucket).wait()``: its fixed cost is then that strategy's, e.g. the
+    hand-written ring's 2(N-1) rounds driven from Python, far above gloo's all-reduce), else a plain
+    all-reduce. The ranks agree on the slowest rank's times (a MAX all-reduce), so all cut the same
+    partitions; the reducer's trace records of the probe are dropped."""
     import torch.distributed as dist
 
-    dist.all_reduce(torch.zeros(1024, device=device), group=group)  # connections up, buffers touched
+    def reduce(buf: torch.Tensor) -> None:
+        if reducer is None:
+            dist.all_reduce(buf, group=group)
+        else:
+            reducer.launch(ProbeBucket(buf)).wait()
+
+    reduce(torch.zeros(1024, device=device))  # connections up, buffers touched
     times = []
     for nbytes in sizes:
         buf = torch.zeros(nbytes // 4, device=device)
@@ -91,11 +108,13 @@ def probe_collective(group, world: int, device: torch.device, sizes: tuple[int, 
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             t0 = time.perf_counter()
-            dist.all_reduce(buf, group=group)
+            reduce(buf)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - t0)
         times.append(best)
+    if reducer is not None:
+        reducer.take_messages()
     agreed = torch.tensor(times, dtype=torch.float64, device=device)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
     t1, t2 = agreed.tolist()

@@ -148,7 +148,8 @@ class ReduceSync(Synchronizer):
         deferred = not during_backward(self.overlap)
         if pg is None or self.world < 2 or deferred or not wants_probe(self.link_tuning, False):
             return int(UNTUNED_MB * 2**20)
-        probe = probe_collective(pg.group, self.world, self.device)
+        plain = type(self.reducer).ranges is Reducer.ranges  # a codec keeps per-bucket state: probe without it
+        probe = probe_collective(pg.group, self.world, self.device, self.reducer if plain else None)
         cap = reduce_partition_bytes(m_bytes, self.world, probe)
         self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": cap}
         return cap
