@@ -41,6 +41,11 @@ EXPECTED = {
                 "links_sync-ps_workers-4_servers-1_straggler-None", "links_sync-ps_workers-4_servers-4_straggler-None",
                 "links_sync-ring_workers-4_servers-1_straggler-None",
                 "timeline_sync-allreduce_workers-4_servers-1_straggler-2:3"},
+    "overlap": {"overlap", "breakdown",
+                "priority_sync-ps_workers-4_servers-4_compute-emulated:3739_link_rate-100mbit_link_tuning-auto_overlap-"
+                "full_steps-8_trace-True_warmup-3",
+                "priority_sync-ring_workers-4_servers-1_compute-emulated:5608_link_rate-100mbit_link_tuning-auto_"
+                "overlap-full_steps-8_trace-True_warmup-3"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }
