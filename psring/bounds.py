@@ -130,7 +130,7 @@ def overlap_of(row) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def param_bytes(model: str) -> tuple[int, ...]:
+def param_bytes(model: str, num_classes: int = 10, image_size: int | None = None) -> tuple[int, ...]:
     """The bytes of each trainable parameter of ``model``, in forward (registration) order; shapes only
     (built on the meta device)."""
     import torch
@@ -138,8 +138,15 @@ def param_bytes(model: str) -> tuple[int, ...]:
     from .train.models import build_model
 
     with torch.device("meta"):
-        m = build_model(model, 0)
+        m = build_model(model, 0, num_classes, image_size)
     return tuple(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
+
+
+def row_param_bytes(row) -> tuple[int, ...]:
+    """``param_bytes`` of a run table's row (tables written before ``--num-classes``/``--image-size``: 10, default)."""
+    classes = int(row["num_classes"]) if is_num(row.get("num_classes")) else 10
+    size = int(row["image_size"]) if is_num(row.get("image_size")) else None
+    return param_bytes(row["model"], classes, size)
 
 
 def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
@@ -152,7 +159,7 @@ def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     if not ms or not is_num(comm) or not isinstance(row.get("model"), str):
         return math.nan
     compute_s = ms / 1000
-    return step_bound(overlap_of(row), list(param_bytes(row["model"])), compute_s * FORWARD_SHARE,
+    return step_bound(overlap_of(row), list(row_param_bytes(row)), compute_s * FORWARD_SHARE,
                       compute_s * (1 - FORWARD_SHARE), comm)
 
 

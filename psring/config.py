@@ -20,7 +20,7 @@ from . import config_checks as checks
 from . import strategies
 from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
 
-MODELS = ("cnn", "resnet18", "resnet18_narrow")
+MODELS = ("cnn", "resnet18", "resnet18_narrow", "resnet50", "vit_b_16")  # train.models.MODELS (torch-free here)
 DATASETS = ("synthetic", "cifar10", "digits")
 BACKENDS = ("auto", "gloo", "nccl")
 OPTIMIZERS = ("sgd", "adam")
@@ -32,6 +32,9 @@ PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
 OVERLAPS = strategies.OVERLAPS  # none | backward | full
 TUNINGS = ("auto", "probe", "off")  # sync.link_probe.TUNINGS (not imported here: it imports torch)
 DEFAULT_STEPS = 50  # without --steps or --epochs
+NUM_CLASSES = 10  # every bundled data set's (train.datasets.NUM_CLASSES)
+CIFAR_SIZE, IMAGENET_SIZE = 32, 224  # train.models' default input sides
+IMAGENET_MODELS = ("resnet50", "vit_b_16")
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
 # the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
@@ -81,8 +84,12 @@ class TrainConfig:
     sync: str = opt("allreduce", _SYNC_HELP, section="run", choices=strategies.names())
     workers: int = opt(1, "number of workers N", section="run", short="-n", check=at_least(1))
     servers: int = opt(1, "PS server processes S", section="ps", short="-s", check=at_least(1))
-    model: str = opt("cnn", "the model trained", section="model", choices=MODELS)
-    dataset: str = opt("synthetic", "the training set", section="data", choices=DATASETS)
+    model: str = opt("cnn", f"the model trained: {', '.join(MODELS)}, or PACKAGE.MODULE:FACTORY (a callable every "
+                     "worker imports, returning an nn.Module; torchvision:NAME where torchvision imports)",
+                     section="model", check=checks.model_name, metavar="MODEL")
+    dataset: str = opt("synthetic", f"the training set: {', '.join(DATASETS)}, folder:DIR (one sub-folder of images "
+                       "per class) or npz:FILE (arrays images, labels)", section="data", check=checks.dataset_name,
+                       metavar="DATA")
     num_samples: int | None = opt(None, "training samples (default: the whole set; synthetic generates 10,000)",
                                   section="data", check=at_least(1))
     data_dir: str | None = opt(None, "cifar10: folder of the binary files (default $PSRING_DATA or "
@@ -178,11 +185,33 @@ class TrainConfig:
                            "--link-rate on --net emulated; otherwise a probe at start where workers span hosts), "
                            "probe (measure even where told: the rate hidden), off (fixed buckets, no credits)",
                            section="buckets", choices=TUNINGS)
+    image_size: int | None = opt(None, "input side in pixels, images resized to it (default 224 for resnet50 and "
+                                 "vit_b_16, else 32)", section="model", check=at_least(4), metavar="PX")
+    num_classes: int | None = opt(None, "classifier outputs (default: the data set's classes)", section="model",
+                                  check=at_least(2))
 
     @property
     def samples(self) -> int:
         """Training samples the run draws from (synthetic: generated; real sets: capped at their size)."""
         return self.num_samples if self.num_samples is not None else 10_000
+
+    @property
+    def classes(self) -> int:
+        """The classifier's outputs: ``--num-classes``, else the data set's (10 for the bundled ones)."""
+        if self.num_classes:
+            return self.num_classes
+        if self.dataset in DATASETS:
+            return NUM_CLASSES
+        from .train.datasets import dataset_classes
+
+        return dataset_classes(self.dataset)
+
+    @property
+    def input_size(self) -> int:
+        """The input side: ``--image-size``, else the model's default (``train.models.default_image_size``)."""
+        if self.image_size:
+            return self.image_size
+        return IMAGENET_SIZE if self.model in IMAGENET_MODELS else CIFAR_SIZE
 
     @property
     def global_batch(self) -> int:
@@ -235,6 +264,7 @@ class TrainConfig:
                 check_available(self.dataset, self.data_dir)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+        checks.check_model(self)  # after the data's checks: the classifier covers its classes
         checks.resolve_steps(self, DEFAULT_STEPS)  # after the data's checks: --epochs counts its samples
         return self
 

@@ -33,6 +33,43 @@ def compute(v: str) -> str | None:
     return None if ok else f"emulated:MS needs a positive number of milliseconds, got {ms!r}"
 
 
+def model_name(v: str) -> str | None:
+    """A built-in model or a factory's shape (``module:callable``); that it builds is ``check_model``'s."""
+    from .config import MODELS
+
+    if v in MODELS or ":" in v:
+        return None
+    return f"must be one of {', '.join(MODELS)}, or PACKAGE.MODULE:FACTORY, got {v!r}"
+
+
+def dataset_name(v: str) -> str | None:
+    """A bundled data set, ``folder:DIR`` or ``npz:FILE`` (that it loads is ``check_available``'s)."""
+    from .config import DATASETS
+
+    if v in DATASETS or (v.startswith(("folder:", "npz:")) and v.partition(":")[2]):
+        return None
+    return f"must be one of {', '.join(DATASETS)}, folder:DIR or npz:FILE, got {v!r}"
+
+
+def check_model(cfg) -> None:
+    """The model builds for the run's classes and input size (a factory imports and returns a module), on
+    the meta device: shapes only, no memory; and the classifier covers the data set's classes."""
+    import torch
+
+    from .train.datasets import dataset_classes
+    from .train.models import model_of
+
+    data = dataset_classes(cfg.dataset) if cfg.num_classes is not None else 0
+    if cfg.num_classes is not None and cfg.num_classes < data:
+        raise ConfigError(f"--num-classes {cfg.num_classes} is below the data set's {data} classes: "
+                          f"its labels would fall outside the classifier")
+    try:
+        with torch.device("meta"):
+            model_of(cfg, seed=0)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def compress_spec(v: str) -> str | None:
     """The spec parses (``compress.spec.check_spec``, torch-free); which strategy takes it is ``check_compress``'s."""
     from .compress.spec import check_spec
@@ -101,13 +138,13 @@ def check_ps(cfg) -> None:
     from .sync.ps.consistency import check_semantics
     from .sync.ps.sharding import plan_chunks
     from .topology import server_shares
-    from .train.models import build_model
+    from .train.models import model_of
 
     check_placement(cfg)
     try:
         check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
         with torch.device("meta"):
-            model = build_model(cfg.model, 0)
+            model = model_of(cfg, seed=0)
         sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
         plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20),
                     shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))

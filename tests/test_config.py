@@ -24,7 +24,8 @@ KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_d
         "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "ps_credit_mb", "consistency", "staleness",
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
         "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
-        "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_tuning"]
+        "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_tuning",
+        "image_size", "num_classes"]
 OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
 
 
@@ -172,22 +173,23 @@ def test_the_default_bucket_is_the_strategys(sync):
     assert TrainConfig(sync=sync, bucket_mb=2.0).validate().bucket_mb == 2.0
 
 
-def test_validating_a_ps_config_allocates_no_model(monkeypatch):
+def test_validating_a_config_allocates_no_model(monkeypatch):
+    """The model is built to check it (every strategy) and the PS's shard plan (ps), shapes only."""
     import torch
 
     from psring.train import models
 
     real, built = models.build_model, []
 
-    def build(name, seed):
+    def build(name, seed, *args):
         assert torch.get_default_device().type == "meta", "validation built a model on a real device"
-        model = real(name, seed)
+        model = real(name, seed, *args)
         built.append({p.device.type for p in model.parameters()})
         return model
 
     monkeypatch.setattr(models, "build_model", build)
     TrainConfig(sync="ps", workers=8, servers=8, model="resnet18").validate()
-    assert built == [{"meta"}]
+    assert built == [{"meta"}, {"meta"}]
     built.clear()
     TrainConfig(sync=strategies.where(servers=False)[0]).validate()
-    assert built == []  # a strategy without servers has no shard plan to check
+    assert built == [{"meta"}]

@@ -225,8 +225,8 @@ def resolve_compute(cfg: TrainConfig, echo: bool) -> None:
         return
     from ..train.emulation import measure_compute_ms
 
-    ms = measure_compute_ms(cfg.model, cfg.batch_size, os.cpu_count() or 1, cfg.seed)
+    ms = measure_compute_ms(cfg, os.cpu_count() or 1)
     cfg.compute = f"emulated:{ms:.1f}"
     if echo:
-        print(f"psring: compute emulated: {ms:.1f} ms per step (measured: {cfg.model}, batch {cfg.batch_size})",
-              flush=True)
+        print(f"psring: compute emulated: {ms:.1f} ms per step (measured: {cfg.model}, batch {cfg.batch_size}, "
+              f"{cfg.input_size}x{cfg.input_size})", flush=True)

@@ -32,13 +32,18 @@ BENCH_SERVER = (max(b for b, _ in SERVER.values()), max(k for _, k in SERVER.val
 OVERSUBSCRIBED = 4  # processes per core above which a run gets a warning
 
 
-def model_bytes(model: str) -> int:
-    """From the table (building ResNet-18 to count would cost every launch a few hundred ms)."""
-    if model in MODEL_BYTES:
+def model_bytes(model: str, cfg: TrainConfig | None = None) -> int:
+    """From the table (building ResNet-18 to count would cost every launch a few hundred ms), else counted
+    on the meta device (``cfg``'s classes and input size where given)."""
+    if model in MODEL_BYTES and (cfg is None or (cfg.num_classes in (None, 10) and not cfg.image_size)):
         return MODEL_BYTES[model]
-    from ..train.models import build_model
+    import torch
 
-    return sum(p.numel() * 4 for p in build_model(model, 0).parameters())
+    from ..train.models import build_model, model_of
+
+    with torch.device("meta"):
+        m = model_of(cfg) if cfg is not None else build_model(model, 0)
+    return sum(p.numel() * p.element_size() for p in m.parameters())
 
 
 def available_bytes() -> int | None:
@@ -75,10 +80,15 @@ def gib(n: float) -> str:
 class Footprint:
     """A run's memory: ``need(n, s)`` bytes for n workers and s servers of one model and batch."""
 
-    def __init__(self, model: str, batch_size: int):
-        # a model not measured yet: the largest figures measured, rather than none
-        base, per_sample = WORKER_MIB.get(model, max(WORKER_MIB.values()))
-        self.model, self.nbytes = model, model_bytes(model)
+    def __init__(self, model: str, batch_size: int, nbytes: int | None = None, image_size: int = 32):
+        self.model, self.nbytes = model, nbytes if nbytes is not None else model_bytes(model)
+        if model in WORKER_MIB and image_size == 32:
+            base, per_sample = WORKER_MIB[model]
+        else:  # not measured: ResNet-18's, scaled by the parameters' bytes and the pixels of a sample
+            (b0, _), (b1, s1) = WORKER_MIB["cnn"], WORKER_MIB["resnet18"]
+            per_byte = (b1 - b0) / (MODEL_BYTES["resnet18"] - MODEL_BYTES["cnn"])  # MiB per byte of parameters
+            per_sample = s1 * (image_size / 32) ** 2  # activations grow with the pixels (none when emulated:
+            base = b0 + per_byte * (self.nbytes - MODEL_BYTES["cnn"]) + (per_sample - s1) * 32  # an over-estimate)
         self.worker = (base + per_sample * max(0, batch_size - 32)) * MiB  # below 32: as at 32
         server_base, self.per_byte = SERVER.get(model, BENCH_SERVER)
         self.server_base = server_base * MiB
@@ -99,7 +109,7 @@ class Footprint:
 def check_train(cfg: TrainConfig, force: bool = False, echo: bool = True) -> None:
     """Refuse (``ConfigError``) a run that cannot fit in the memory available; warn on oversubscribed cores."""
     n, s = cfg.workers, cfg.servers if uses_servers(cfg.sync) else 0
-    fp = Footprint(cfg.model, cfg.batch_size)
+    fp = Footprint(cfg.model, cfg.batch_size, model_bytes(cfg.model, cfg), cfg.input_size)
     avail = available_bytes()
     if avail is not None and fp.need(n, s) > avail and not force:
         if s:

@@ -27,6 +27,17 @@ MEAN = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
 STD = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
 
 
+def resized(x: torch.Tensor, size: int | None) -> torch.Tensor:
+    """A batch of images (B x C x H x W, in [0, 1]) at ``size`` x ``size`` pixels (bilinear; antialiased when
+    shrinking), so a 32x32 set feeds a 224x224 model; unchanged when it already is (or ``size`` is None).
+    Per sample, so a sample is the same whichever worker holds it."""
+    if size is None or tuple(x.shape[-2:]) == (size, size):
+        return x
+    shrink = size < max(x.shape[-2:])
+    return torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False,
+                                           antialias=shrink)
+
+
 def normalization(data) -> tuple[torch.Tensor, torch.Tensor]:
     """The data set's per-channel mean and std as 1 x C x 1 x 1 tensors (CIFAR-10's if it has none)."""
     mean, std = getattr(data, "mean", None), getattr(data, "std", None)
@@ -44,11 +55,11 @@ class ShardedBatches:
     """
 
     def __init__(self, data: ImageSet, rank: int, world: int, batch_size: int, seed: int,
-                 augment: bool = False, partition: str = "uniform"):
+                 augment: bool = False, partition: str = "uniform", image_size: int | None = None):
         if partition not in part.PARTITIONS:
             raise ValueError(f"unknown partition {partition!r}; available: {', '.join(part.PARTITIONS)}")
         self.data, self.rank, self.world, self.batch = data, rank, world, batch_size
-        self.seed, self.augment, self.partition = seed, augment, partition
+        self.seed, self.augment, self.partition, self.image_size = seed, augment, partition, image_size
         self.global_batch = batch_size * world
         if len(data) < self.global_batch:
             raise ValueError(f"global batch {self.global_batch} exceeds the data set's {len(data)} samples")
@@ -94,7 +105,7 @@ class ShardedBatches:
         x = torch.from_numpy(self.data.images[idx]).float().div_(255)
         if self.augment:
             x = self._augment(x, step, self.rank * self.batch)
-        x = (x - self.mean) / self.std
+        x = (resized(x, self.image_size) - self.mean) / self.std
         return x, torch.from_numpy(self.data.labels[idx])
 
     def _augment(self, x: torch.Tensor, step: int, lo: int) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""The data sets: every one is an ``ImageSet`` of 10 classes of 3x32x32 uint8 images, with a train and a
-held-out test split and its own per-channel normalisation statistics.
+"""The data sets: every one is an ``ImageSet`` of uint8 images (N x 3 x H x W), with a train and a held-out
+test split and its own per-channel normalisation statistics. The bundled ones are 10 classes of 32x32;
+a user's own (``folder:DIR``, ``npz:FILE``) are ``files``'.
 
 - ``synthetic``: generated from the seed alone (no files); the test split shares the train split's
   class prototypes but draws its samples from a separate random stream.
@@ -133,7 +134,11 @@ def read_cifar10_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def check_available(name: str, data_dir: str | os.PathLike | None = None) -> None:
     """Raise the loaders' one-line ValueError now, before any process starts, if ``name`` cannot load."""
-    if name == "cifar10":
+    from . import files
+
+    if files.is_files(name):
+        files.check(name)
+    elif name == "cifar10":
         folder = cifar10_dir(data_dir)
         for f in CIFAR10_FILES["train"] + CIFAR10_FILES["test"]:
             if not (folder / f).is_file():
@@ -167,11 +172,26 @@ def load_cifar10(data_dir: str | os.PathLike | None = None, split: str = "train"
     return ImageSet(images, labels, name="cifar10", split=split, mean=CIFAR10_MEAN, std=CIFAR10_STD)
 
 
+def dataset_classes(name: str) -> int:
+    """The classes of data set ``name``: 10 for the bundled ones, a folder's or an npz file's own."""
+    from . import files
+
+    return files.classes(name) if files.is_files(name) else NUM_CLASSES
+
+
 def build_dataset(name: str, num_samples: int | None = None, seed: int = 0,
-                  data_dir: str | os.PathLike | None = None, split: str = "train") -> ImageSet:
-    """The ``split`` of data set ``name`` (one of ``DATASETS``), cut to ``num_samples`` (see the module
-    docstring). ``seed`` generates ``synthetic``; the real sets and their splits do not depend on it."""
+                  data_dir: str | os.PathLike | None = None, split: str = "train",
+                  image_size: int | None = None) -> ImageSet:
+    """The ``split`` of data set ``name`` (one of ``DATASETS``, ``folder:DIR`` or ``npz:FILE``), cut to
+    ``num_samples`` (see the module docstring). ``seed`` generates ``synthetic``; the real sets and their
+    splits do not depend on it. ``image_size``: the side a folder's images are decoded at (default 32)."""
+    from . import files
+
     _check_split(split)
+    if name.startswith(files.FOLDER):
+        return files.load_folder(name[len(files.FOLDER):], split, image_size or 32).head(num_samples)
+    if name.startswith(files.NPZ):
+        return files.load_npz(name[len(files.NPZ):], split).head(num_samples)
     if name == "synthetic":
         n = num_samples if num_samples is not None else (10_000 if split == "train" else 2_000)
         return SyntheticImages(n, seed, split)

@@ -100,15 +100,16 @@ class EmulatedCompute:
         return torch.stack(terms).sum()
 
 
-def measure_compute_ms(model_name: str, batch_size: int, threads: int, seed: int = 0, repeats: int = 5) -> float:
-    """Median wall time (ms) of forward+backward of ``model_name`` on one batch, one process, ``threads``."""
-    from .models import build_model
+def measure_compute_ms(cfg, threads: int, repeats: int = 5) -> float:
+    """Median wall time (ms) of forward+backward of ``cfg``'s model on one batch of its input size, one
+    process, ``threads``."""
+    from .models import model_of
 
     old = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     try:
-        model = build_model(model_name, seed)
-        x, y = torch.randn(batch_size, 3, 32, 32), torch.randint(0, 10, (batch_size,))
+        model, s = model_of(cfg), cfg.input_size
+        x, y = torch.randn(cfg.batch_size, 3, s, s), torch.randint(0, cfg.classes, (cfg.batch_size,))
         times = []
         for i in range(repeats + 2):  # two warm-up passes (allocator, kernels' first-call costs)
             t0 = time.perf_counter()

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import torch
 
-from .data import normalization
+from .data import normalization, resized
 
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, dataset_test, batch_size: int = 512,
-             device: torch.device | str = "cpu") -> float:
+             device: torch.device | str = "cpu", image_size: int | None = None) -> float:
     """Fraction of ``dataset_test`` (an ``ImageSet``) that ``model`` classifies correctly, in [0, 1].
     The model runs in eval mode (BatchNorm uses its running statistics) and is put back in the mode it
     was in, also on an error."""
@@ -23,7 +23,8 @@ def evaluate(model: torch.nn.Module, dataset_test, batch_size: int = 512,
     try:
         correct = 0
         for lo in range(0, n, batch_size):
-            x = torch.from_numpy(dataset_test.images[lo:lo + batch_size]).to(device).float().div_(255)
+            x = resized(torch.from_numpy(dataset_test.images[lo:lo + batch_size]).to(device).float().div_(255),
+                        image_size)
             y = torch.from_numpy(dataset_test.labels[lo:lo + batch_size]).to(device)
             correct += int((model((x - mean) / std).argmax(1) == y).sum())
         return correct / n

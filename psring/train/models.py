@@ -1,4 +1,6 @@
-"""Image classifiers for 3x32x32 inputs, written in plain torch (no torchvision).
+"""The image classifiers, written in plain torch (no torchvision), and ``build_model``, their registry.
+
+CIFAR-sized (default input 32x32):
 
 - ``cnn``: a small CNN *without* BatchNorm. Its gradient on a global batch is exactly the mean of the
   per-worker gradients, so it is the model of the equivalence tests.
@@ -6,8 +8,15 @@
   ``resnet18_narrow``: the same with half the channels (width 32, 2.8 M parameters), for CPU benchmarks.
   BatchNorm statistics are per worker (as with DDP's default broadcast they would come from rank 0), so
   data-parallel training of it is not bit-equivalent to one process; use it for speed, not equivalence.
+
+ImageNet-class (default input 224x224, torchvision's parameter counts at 1,000 classes, tested):
+``resnet50`` (``resnet.py``) and ``vit_b_16`` (``vit.py``). And any model of the user's own:
+``PACKAGE.MODULE:FACTORY`` or ``torchvision:NAME`` (``factory.py``).
 """
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +26,11 @@ NUM_CLASSES = 10
 
 
 class SmallCNN(nn.Module):
-    def __init__(self, num_classes: int = NUM_CLASSES):
+    def __init__(self, num_classes: int = NUM_CLASSES, image_size: int = 32):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 32, 3, padding=1)
         self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
-        self.fc1 = nn.Linear(64 * 8 * 8, 128)
+        self.fc1 = nn.Linear(64 * (image_size // 4) ** 2, 128)
         self.fc2 = nn.Linear(128, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,11 +74,68 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def build_model(name: str, seed: int) -> nn.Module:
-    """The model ``name`` with weights initialised from ``seed`` (identical on every worker)."""
-    builders = {"cnn": SmallCNN, "resnet18": ResNet18, "resnet18_narrow": lambda: ResNet18(width=32)}
-    if name not in builders:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(builders)}")
+CIFAR_SIZE, IMAGENET_SIZE = 32, 224
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    build: Callable[[int, int], nn.Module]  # (num_classes, image_size) -> the model
+    image_size: int  # the default input side
+    sizes: Callable[[int], str | None]  # why an input side does not fit (None: it does)
+
+
+def _multiple(k: int, least: int) -> Callable[[int], str | None]:
+    return lambda s: None if s >= least and s % k == 0 else f"a multiple of {k}, at least {least}"
+
+
+def _vit(num_classes: int, image_size: int) -> nn.Module:
+    from .vit import ViT
+
+    return ViT(image_size, num_classes)
+
+
+def _resnet50(num_classes: int, image_size: int) -> nn.Module:
+    from .resnet import ResNet50
+
+    return ResNet50(num_classes)
+
+
+MODELS: dict[str, ModelEntry] = {
+    "cnn": ModelEntry(lambda c, s: SmallCNN(c, s), CIFAR_SIZE, _multiple(4, 4)),
+    "resnet18": ModelEntry(lambda c, s: ResNet18(c), CIFAR_SIZE, _multiple(1, 8)),
+    "resnet18_narrow": ModelEntry(lambda c, s: ResNet18(c, width=32), CIFAR_SIZE, _multiple(1, 8)),
+    "resnet50": ModelEntry(_resnet50, IMAGENET_SIZE, _multiple(1, 32)),
+    "vit_b_16": ModelEntry(_vit, IMAGENET_SIZE, _multiple(16, 16)),
+}
+
+
+def default_image_size(name: str) -> int:
+    """The input side ``name`` takes by default: 224 for the ImageNet-class models, else 32 (a factory's
+    too: the bundled data sets' own size; ``--image-size`` sets another)."""
+    return MODELS[name].image_size if name in MODELS else CIFAR_SIZE
+
+
+def build_model(name: str, seed: int, num_classes: int = NUM_CLASSES, image_size: int | None = None) -> nn.Module:
+    """The model ``name`` (a built-in one or a factory) for ``num_classes`` classes and square inputs of
+    ``image_size`` pixels (default ``default_image_size``), with weights initialised from ``seed``
+    (identical on every worker). A bad name or size is one ValueError line."""
+    from .factory import build_factory, is_factory
+
+    size = image_size or default_image_size(name)
+    if not is_factory(name):
+        if name not in MODELS:
+            raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or PACKAGE.MODULE:FACTORY")
+        why = MODELS[name].sizes(size)
+        if why:
+            raise ValueError(f"--image-size {size} does not fit --model {name}: it takes {why}")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return builders[name]()
+        if is_factory(name):
+            return build_factory(name, num_classes)
+        return MODELS[name].build(num_classes, size)
+
+
+def model_of(cfg, seed: int | None = None) -> nn.Module:
+    """``cfg``'s model (``cfg.model``, ``cfg.classes``, ``cfg.input_size``), seeded with ``seed`` (default
+    ``cfg.seed``); under ``torch.device("meta")`` shapes only."""
+    return build_model(cfg.model, cfg.seed if seed is None else seed, cfg.classes, cfg.input_size)

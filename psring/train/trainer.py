@@ -29,7 +29,7 @@ from . import checkpoint
 from .data import ShardedBatches, build_dataset
 from .emulation import EmulatedCompute, parse_compute
 from .evaluate import evaluate
-from .models import build_model
+from .models import model_of
 from .torchrun import gather_records, launched_by_psring
 
 
@@ -50,8 +50,9 @@ def train(cfg: TrainConfig) -> None:
 
 
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
-    data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir)
-    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition)
+    data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir, image_size=cfg.input_size)
+    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition,
+                             cfg.input_size)
     model, start = attach_model(cfg, sync, out)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
@@ -97,8 +98,9 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             if evaluating:
                 # every worker evaluates: the same cost on every rank keeps the next step's timing unskewed
                 if test is None:
-                    test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, split="test")
-                acc = evaluate(getattr(model, "module", model), test, device=sync.device)
+                    test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
+                acc = evaluate(getattr(model, "module", model), test, device=sync.device,
+                               image_size=cfg.input_size)
             rec = step_record(cfg, sync, st, (t0, t1, t2, t2d, t3, t4), rank=rank, step=step, loss=loss.item(),
                               samples=len(y), epoch=epoch, test_acc=acc, wire_tx_bytes=wire_tx,
                               wire_rx_bytes=wire_rx, cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
@@ -149,7 +151,7 @@ def attach_model(cfg: TrainConfig, sync, out: Path) -> tuple[torch.nn.Module, in
     """(the module to run forward on, the first step): the seeded model, resumed from ``cfg.resume`` if
     given (parameters and buffers before attach: rank 0 hands them to the PS servers), attached; rank 0
     writes what attach chose to ``out`` (``write_tuned``)."""
-    model, start = build_model(cfg.model, cfg.seed), 0
+    model, start = model_of(cfg), 0
     if cfg.resume:
         ckpt = checkpoint.load(cfg.resume)
         model.load_state_dict(ckpt["model"])
