@@ -7,7 +7,8 @@ For each model it runs short real runs (``psring train``, and one ``psring bench
 processes) and samples every child's /proc/PID/status every 50 ms, keeping per role (worker, server,
 bench worker, echo server) the largest RssAnon (memory of that process alone: heap, tensors, ZeroMQ
 buffers) and the largest RssFile (mapped files: mostly torch's shared libraries, which every process
-maps from the same page cache, so they count once per machine, not once per process).
+maps from the same page cache, so they count once per machine, not once per process). Every model at
+32 x 32 (the table's size; the launcher scales other sizes' activations by their pixels).
 
   workers at batch 32 and 128 (allreduce and ps, N=2, the larger of the two): a per-model base and a
     per-sample term (activations grow with the batch);
@@ -102,7 +103,7 @@ def peaks(argv: list[str], timeout_s: float = 600) -> dict[str, tuple[int, int]]
 
 def train(tmp: Path, name: str, sync: str, model: str, batch: int, steps: int, servers: int = 1) -> dict:
     argv = ["train", "--sync", sync, "--workers", "2", "--model", model, "--batch-size", str(batch),
-            "--steps", str(steps), "--num-samples", str(max(256, 2 * batch)), "--threads", "1", "--no-eval",
+            "--steps", str(steps), "--image-size", "32", "--num-samples", str(max(256, 2 * batch)), "--threads", "1", "--no-eval",
             "--warmup", "0", "--log-every", "1000", "--out", str(tmp / name)]
     return peaks(argv + (["--servers", str(servers)] if sync == "ps" else []))
 

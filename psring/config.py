@@ -198,13 +198,7 @@ class TrainConfig:
     @property
     def classes(self) -> int:
         """The classifier's outputs: ``--num-classes``, else the data set's (10 for the bundled ones)."""
-        if self.num_classes:
-            return self.num_classes
-        if self.dataset in DATASETS:
-            return NUM_CLASSES
-        from .train.datasets import dataset_classes
-
-        return dataset_classes(self.dataset)
+        return self.num_classes or checks.data_classes(self.dataset, DATASETS, NUM_CLASSES)
 
     @property
     def input_size(self) -> int:
@@ -245,25 +239,12 @@ class TrainConfig:
         if self.bucket_mb is None:
             self.bucket_mb = s.bucket_mb
         checks.check_overlap(self, s)
-        if self.dataset == "synthetic" and self.global_batch > self.samples:
-            raise ConfigError(
-                f"global batch {self.global_batch} (= --batch-size {self.batch_size} x --workers {self.workers}) "
-                f"exceeds the data set's {self.samples} samples; lower one or raise --num-samples"
-            )
-        self._check_straggler()
-        if self.workers % self.per_host:
-            raise ConfigError(f"--workers {self.workers} is not a multiple of --workers-per-host {self.per_host}: "
-                              f"every host runs the same number of workers (as torchrun's --nproc-per-node)")
+        checks.check_sizes(self)
+        checks.check_straggler(self)
         checks.check_compress(self)
         for section in s.options:
             SECTION_CHECKS.get(section, lambda cfg: None)(self)
-        if self.dataset != "synthetic":
-            from .train.datasets import check_available
-
-            try:
-                check_available(self.dataset, self.data_dir)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+        checks.check_data(self)
         checks.check_model(self)  # after the data's checks: the classifier covers its classes
         checks.resolve_steps(self, DEFAULT_STEPS)  # after the data's checks: --epochs counts its samples
         return self
@@ -277,17 +258,6 @@ class TrainConfig:
             if off:
                 raise ConfigError(f"{off[0].flag} only applies to --sync {' or '.join(owners(section))} "
                                   f"(got --sync {s.name} {off[0].shown(off[1])})")
-
-    def _check_straggler(self) -> None:
-        if self.straggler is None:
-            return
-        rank, _, factor = self.straggler.partition(":")
-        try:
-            r, f = int(rank), float(factor)
-        except ValueError:
-            raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {self.straggler!r}") from None
-        if not (0 <= r < self.workers and f >= 1):
-            raise ConfigError(f"--straggler {self.straggler}: rank must be in 0..{self.workers - 1} and factor >= 1")
 
     def straggler_factor(self, rank: int) -> float:
         if self.straggler is None:

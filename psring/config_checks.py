@@ -204,3 +204,48 @@ def epochs_line(cfg) -> str:
     dropped = f", {left:,} samples an epoch left out" if left else ""
     return (f"psring: {cfg.epochs} epoch{'s' * (cfg.epochs != 1)} = {cfg.steps:,} steps ({n:,} samples, "
             f"{cfg.workers} worker{'s' * (cfg.workers != 1)} x batch {cfg.batch_size}: {each}{dropped})")
+
+
+def check_straggler(cfg) -> None:
+    """``--straggler RANK:FACTOR``: a rank of this run and a factor of at least 1."""
+    if cfg.straggler is None:
+        return
+    rank, _, factor = cfg.straggler.partition(":")
+    try:
+        r, f = int(rank), float(factor)
+    except ValueError:
+        raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {cfg.straggler!r}") from None
+    if not (0 <= r < cfg.workers and f >= 1):
+        raise ConfigError(f"--straggler {cfg.straggler}: rank must be in 0..{cfg.workers - 1} and factor >= 1")
+
+
+def check_data(cfg) -> None:
+    """A data set other than the generated one exists and reads (a folder's classes, an npz's arrays)."""
+    if cfg.dataset == "synthetic":
+        return
+    from .train.datasets import check_available
+
+    try:
+        check_available(cfg.dataset, cfg.data_dir)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_sizes(cfg) -> None:
+    """The global batch fits the generated set, and every host runs the same number of workers."""
+    if cfg.dataset == "synthetic" and cfg.global_batch > cfg.samples:
+        raise ConfigError(
+            f"global batch {cfg.global_batch} (= --batch-size {cfg.batch_size} x --workers {cfg.workers}) "
+            f"exceeds the data set's {cfg.samples} samples; lower one or raise --num-samples")
+    if cfg.workers % cfg.per_host:
+        raise ConfigError(f"--workers {cfg.workers} is not a multiple of --workers-per-host {cfg.per_host}: "
+                          f"every host runs the same number of workers (as torchrun's --nproc-per-node)")
+
+
+def data_classes(dataset: str, bundled: tuple, bundled_classes: int) -> int:
+    """A data set's classes: the bundled sets' count, else a folder's sub-folders or an npz's labels."""
+    if dataset in bundled:
+        return bundled_classes
+    from .train.datasets import dataset_classes
+
+    return dataset_classes(dataset)

@@ -319,8 +319,12 @@ def test_close_from_a_sigterm_handler(procs):
                 net.close()
                 sys.exit(143)
             signal.signal(signal.SIGTERM, stop)
+            print("handler set", flush=True)
             time.sleep(60)
         """)
+        # a SIGTERM before the handler is set kills it outright (the line may sit in readline's buffer
+        # already, so no select: the child prints it within a moment or exits, and readline returns)
+        assert p.stdout.readline().strip() == "handler set"
         os.kill(p.pid, signal.SIGTERM)
         assert p.wait(10) == 143, p.stderr.read() if p.stderr else ""
         gone_within(info, 0.5)  # close() finished before exit; the reaper had nothing left to do

@@ -20,11 +20,14 @@ from ..config import ConfigError, TrainConfig
 from ..strategies import uses_servers
 
 MiB = 1 << 20
-MODEL_BYTES = {"cnn": 2_180_392, "resnet18_narrow": 11_190_440, "resnet18": 44_695_848}  # parameters, float32
-# model: (worker at batch 32, each further sample; the larger of allreduce's and ps's worker, N=2)
-WORKER_MIB = {"cnn": (245.1, 0.76), "resnet18_narrow": (380.7, 4.24), "resnet18": (647.7, 5.41)}
+MODEL_BYTES = {"cnn": 2_180_392, "resnet18_narrow": 11_190_440, "resnet18": 44_695_848,  # parameters, float32,
+               "resnet50": 94_114_088, "vit_b_16": 343_225_384}  # 10 classes, the model's default size
+# model: (worker at batch 32, each further sample; the larger of allreduce's and ps's worker, N=2; 32 x 32)
+WORKER_MIB = {"cnn": (245.1, 0.76), "resnet18_narrow": (380.7, 4.24), "resnet18": (647.7, 5.41),
+              "resnet50": (695.9, 1.86), "vit_b_16": (1854.7, 2.92)}
 # model: (server base, bytes per byte of the server's shard: from S=1 and S=2 at N=2)
-SERVER = {"cnn": (145.2, 5.03), "resnet18_narrow": (151.1, 3.44), "resnet18": (145.2, 4.00)}
+SERVER = {"cnn": (145.2, 5.03), "resnet18_narrow": (151.1, 3.44), "resnet18": (145.2, 4.00),
+          "resnet50": (153.6, 3.83), "vit_b_16": (168.9, 3.85)}
 SHARED_FILES_MIB = 106.5  # the largest RssFile seen: torch's libraries, counted once per machine
 # the bench's processes: (base, bytes per byte of message; SGD echo: per byte of parameters it updates)
 BENCH_WORKER, ECHO, SGD_ECHO = (238.3, 7.66), (8.2, 0.63), (144.1, 4.64)
@@ -82,13 +85,14 @@ class Footprint:
 
     def __init__(self, model: str, batch_size: int, nbytes: int | None = None, image_size: int = 32):
         self.model, self.nbytes = model, nbytes if nbytes is not None else model_bytes(model)
-        if model in WORKER_MIB and image_size == 32:
-            base, per_sample = WORKER_MIB[model]
-        else:  # not measured: ResNet-18's, scaled by the parameters' bytes and the pixels of a sample
-            (b0, _), (b1, s1) = WORKER_MIB["cnn"], WORKER_MIB["resnet18"]
+        if model in WORKER_MIB:
+            base, s32 = WORKER_MIB[model]
+        else:  # not measured: ResNet-18's, scaled by the parameters' bytes
+            (b0, _), (b1, s32) = WORKER_MIB["cnn"], WORKER_MIB["resnet18"]
             per_byte = (b1 - b0) / (MODEL_BYTES["resnet18"] - MODEL_BYTES["cnn"])  # MiB per byte of parameters
-            per_sample = s1 * (image_size / 32) ** 2  # activations grow with the pixels (none when emulated:
-            base = b0 + per_byte * (self.nbytes - MODEL_BYTES["cnn"]) + (per_sample - s1) * 32  # an over-estimate)
+            base = b0 + per_byte * (self.nbytes - MODEL_BYTES["cnn"])
+        per_sample = s32 * (image_size / 32) ** 2  # measured at 32 x 32: activations grow with the pixels
+        base += (per_sample - s32) * 32  # (none when emulated: an over-estimate)
         self.worker = (base + per_sample * max(0, batch_size - 32)) * MiB  # below 32: as at 32
         server_base, self.per_byte = SERVER.get(model, BENCH_SERVER)
         self.server_base = server_base * MiB

@@ -1,6 +1,7 @@
 """Accuracy of a model on a held-out split (no augmentation, the data set's own normalisation)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .data import normalization, resized
@@ -23,8 +24,8 @@ def evaluate(model: torch.nn.Module, dataset_test, batch_size: int = 512,
     try:
         correct = 0
         for lo in range(0, n, batch_size):
-            x = resized(torch.from_numpy(dataset_test.images[lo:lo + batch_size]).to(device).float().div_(255),
-                        image_size)
+            images = np.asarray(dataset_test.images[lo:lo + batch_size])  # a folder's decoded here
+            x = resized(torch.from_numpy(images).to(device).float().div_(255), image_size)
             y = torch.from_numpy(dataset_test.labels[lo:lo + batch_size]).to(device)
             correct += int((model((x - mean) / std).argmax(1) == y).sum())
         return correct / n

@@ -75,6 +75,11 @@ class FolderArray:
             out[i] = decode(self.files[int(j)], self.side)
         return out if np.ndim(idx) else out[0]
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """Every image decoded (``np.asarray`` of a slice: an evaluation batch)."""
+        out = self[np.arange(len(self))]
+        return out if dtype is None else out.astype(dtype)
+
 
 def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in EXTENSIONS)

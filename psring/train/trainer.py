@@ -49,10 +49,14 @@ def train(cfg: TrainConfig) -> None:
     (out / "ranks" / f"rank{rank}.done").touch()
 
 
-def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
+def worker_batches(cfg: TrainConfig, rank: int, world: int) -> ShardedBatches:
+    """This rank's batches of the training set (its partition, its augmentation, at the model's input size)."""
     data = build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir, image_size=cfg.input_size)
-    batches = ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition,
-                             cfg.input_size)
+    return ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition, cfg.input_size)
+
+
+def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
+    batches = worker_batches(cfg, rank, world)
     model, start = attach_model(cfg, sync, out)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
@@ -95,12 +99,10 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             cpu1 = cpu_times()
             wire_tx, wire_rx = wire.delta()
             acc = None
-            if evaluating:
-                # every worker evaluates: the same cost on every rank keeps the next step's timing unskewed
-                if test is None:
-                    test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
-                acc = evaluate(getattr(model, "module", model), test, device=sync.device,
-                               image_size=cfg.input_size)
+            if evaluating:  # every worker: the same cost on every rank keeps the next step's timing unskewed
+                test = test if test is not None else build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir,
+                                                                   "test", cfg.input_size)
+                acc = evaluate(getattr(model, "module", model), test, device=sync.device, image_size=cfg.input_size)
             rec = step_record(cfg, sync, st, (t0, t1, t2, t2d, t3, t4), rank=rank, step=step, loss=loss.item(),
                               samples=len(y), epoch=epoch, test_acc=acc, wire_tx_bytes=wire_tx,
                               wire_rx_bytes=wire_rx, cpu_sync=[*cpu0, *cpu1] if cpu0 and cpu1 else None)
