@@ -132,6 +132,10 @@ def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> l
     return whole_param_ranges(*space_sizes(layout), cap_bytes, first_cap_bytes)
 
 
+class UnusedParameterError(RuntimeError):
+    """A trainable parameter got no gradient in a step (DDP's find_unused_parameters case)."""
+
+
 class GradBuckets:
     def __init__(self, layout: list[Space], ranges: list[BucketRange],
                  on_ready: Callable[[Bucket], None], device: torch.device | None = None):
@@ -168,9 +172,11 @@ class GradBuckets:
         self._order = [[b.index for b in self.buckets if b.group == g] for g in range(groups)]
         self._next = [0] * groups  # per group: position in _order of its next bucket to launch
         self.ready_at: list[tuple[int, float]] = []  # (bucket, perf_counter) when its gradients were all there
+        self._fired: set[int] = set()  # id(param) of the parameters whose gradient backward produced
 
     def _hook(self, p: nn.Parameter) -> None:
         buckets, view = self._of[id(p)]
+        self._fired.add(id(p))
         if p.grad.data_ptr() != view.data_ptr():  # someone set .grad to None (zero_grad(set_to_none=True))
             view.copy_(p.grad)
             p.grad = view
@@ -188,12 +194,24 @@ class GradBuckets:
             self._next[g] += 1
 
     def flush(self) -> None:
-        """Launch every bucket backward did not complete (some parameter got no gradient), in order."""
+        """Launch every bucket backward did not complete, in order; a parameter that got no gradient at all
+        (an unused branch) is refused in one line naming it (``UnusedParameterError``): its zero gradient
+        would still move it (weight decay, momentum), where single-process training leaves it alone."""
+        self.check_used()
         now = time.perf_counter()
         self.ready_at += [(b.index, now) for b in self.buckets if b.index not in self._ready]
         self._ready.update(range(len(self.buckets)))
         for g in range(len(self._order)):
             self._launch_in_order(g)
+
+    def check_used(self) -> None:
+        missing = [name for sp in self.layout for name, p, _ in sp.members if id(p) not in self._fired]
+        if missing:
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise UnusedParameterError(
+                f"parameter {missing[0]!r}{more} got no gradient in this step (a branch forward did not use?): "
+                f"psring synchronizes and updates every trainable parameter every step; set requires_grad=False "
+                f"on it, or use it in forward")
 
     def ready_offsets(self, since: float) -> list[list]:
         """``[bucket, seconds after since]`` of every bucket whose gradients were all there this step, in
@@ -205,5 +223,6 @@ class GradBuckets:
         for b in self.buckets:
             b.ready = 0
         self._ready.clear()
+        self._fired.clear()
         self.ready_at = []
         self._next = [0] * len(self._order)

@@ -124,6 +124,7 @@ class DDPSync(Synchronizer):
             elements = powersgd_elements(model, self.powersgd_rank)
             self.compressed_bytes = ring_bytes_per_worker(4 * elements, self.world)
         self.optimizer = make_local_optimizer(ddp.parameters(), self.optim_cfg)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._restore_optimizer()
         return ddp
 
@@ -142,6 +143,7 @@ class DDPSync(Synchronizer):
             ddp.register_comm_hook(self.powersgd_state, in_bucket_order(hook) if gloo else hook)
 
     def step(self, step: int) -> SyncStats:
+        self._check_used()
         wire = self.wire_bytes
         # the hook counts iterations itself (``iter``, +1 per backward): this step compressed iff it
         # began at iter >= start, i.e. iter > start now
@@ -149,6 +151,16 @@ class DDPSync(Synchronizer):
             wire = self.compressed_bytes
         return SyncStats(sync_s=None, update_s=timed_update(self.optimizer, self.device),
                          bytes_sent=wire, bytes_recv=wire)
+
+    def _check_used(self) -> None:
+        """DDP without find_unused_parameters fails the *next* forward, in many lines, if a parameter got no
+        gradient: refuse it here, in one (``buckets.UnusedParameterError``, as the other strategies do)."""
+        missing = [n for n, p in self.named if p.grad is None]
+        if missing:
+            from .buckets import UnusedParameterError
+
+            raise UnusedParameterError(f"parameter {missing[0]!r} got no gradient in this step (a branch forward "
+                                       f"did not use?): set requires_grad=False on it, or use it in forward")
 
     def _refuse_checkpoints(self) -> None:
         # PowerSGDState keeps its error feedback and warm-start P/Q per DDP bucket *index* (valid only
