@@ -126,10 +126,10 @@ class TrainConfig:
     ps_window: int | None = opt(None, "most pushpulls unanswered per server (default ceil(4/S) on --net "
                                 "emulated, else no limit; 0 = no limit)", section="ps",
                                 check=at_least(0, " (0 = no limit)"))
-    ps_credit_mb: float | None = opt(None, "MB of pushes not yet received: pushes leave by priority within them, "
-                                     "from a thread of their own (default 2 chunks on --net emulated with "
-                                     "--overlap backward|full, else 0: FIFO under --ps-window)", section="ps",
-                                     check=at_least(0, " (0 = FIFO per server)"))
+    ps_credit_mb: float | None = opt(None, "MB of pushes not yet received; pushes leave by priority within them from a "
+                                     "thread of their own (default: 2 chunks on --net emulated, --overlap backward|"
+                                     "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
+                                     section="ps", check=at_least(0, " (0 = FIFO per server)"))
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
     consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
                            section="ps", choices=CONSISTENCY)

@@ -12,7 +12,7 @@ from test_ps_state import SGD, Tiny, live_server, train
 from psring.config import OptimConfig
 from psring.sync.ps.client import PSClient
 from psring.sync.ps.comm import LocalChannel, PSComm
-from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes
+from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes, servers_narrower
 from psring.sync.ps.synchronizer import make_ps
 from psring.sync.ps.transport import parse_message
 
@@ -23,6 +23,15 @@ def test_default_credits_are_two_chunks_where_the_link_is_known_and_compute_over
     assert credit_bytes(None, "none", True, 100_000) == 0  # all of it after backward: FIFO, measured at the bound
     assert credit_bytes(None, "full", False, 100_000) == 0  # loopback: nothing to schedule, everything at once
     assert credit_bytes(0.5, "none", False, 1) == 1 << 19 and credit_bytes(0.0, "full", True, 1) == 0
+
+
+def test_no_default_credits_where_the_servers_links_are_the_narrower_side():
+    mbit = 1e6 / 8
+    assert servers_narrower((50 * mbit, 50 * mbit), 8, 1)  # one server's link under 8 workers' pushes
+    assert not servers_narrower((50 * mbit, 50 * mbit), 4, 4)
+    assert not servers_narrower((50 * mbit, 400 * mbit), 8, 1)  # a fast server link carries the 8
+    assert servers_narrower((50 * mbit, float("inf")), 4, 2)  # probed: the server side unknown, S < N
+    assert not servers_narrower((50 * mbit, float("inf")), 4, 4)
 
 
 @contextlib.contextmanager

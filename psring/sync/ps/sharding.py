@@ -149,6 +149,16 @@ def default_window(servers: int, link_known: bool) -> int:
 CREDIT_CHUNKS = 2
 
 
+def servers_narrower(links_Bps: tuple[float, float] | None, workers: int, servers: int) -> bool:
+    """Whether the servers' side of the links is the narrower one: S server links carry less than N worker
+    links (a probed link, whose server side is unbounded, counts S < N). Then each server's link carries
+    N/S workers' pushes, and the acks that give a worker its credits back queue behind that server's
+    replies to the others: on emulated 50 Mbit links, N = 8 on 4 hosts, ps S=1 took 5.0-5.4 s a step with
+    credits and 2.99 s without (bound 2.9), so credits are left off there (FIFO under the window)."""
+    w, s = links_Bps if links_Bps is not None else (1.0, 1.0)
+    return servers * (s if math.isfinite(s) else w) < workers * w
+
+
 def credit_bytes(credit_mb: float | None, overlap: str, link_known: bool, chunk_bytes: int) -> int:
     """``--ps-credit-mb`` in bytes (0: no priority scheduler, FIFO per server under the window). Unset:
     ``CREDIT_CHUNKS`` chunks where the link is known and communication overlaps compute; else 0 (with
