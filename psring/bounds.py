@@ -78,7 +78,8 @@ def ps_chunks_per_server(row, n: int, s: int, m_bytes: float) -> int:
     fitted to its emulated link as ``PSSync`` fits it (``sharding.chunk_bytes``), capped by ``bucket_mb``;
     with unequal shares (``--ps-placement mixed``), the rounds ``sharding.plan_shared`` cuts."""
     cap = int(float(row["bucket_mb"]) * 2**20) if is_num(row.get("bucket_mb")) else PS_DEFAULT_CAP
-    links = cm.emulated_links_Bps(row.get("net"), row.get("link_rate"), row.get("server_link_rate"))
+    links = cm.emulated_links_Bps(row.get("net"), row.get("link_rate"), row.get("server_link_rate"),
+                                  row.get("link_tuning") if isinstance(row.get("link_tuning"), str) else "auto")
     size = chunk_bytes(int(m_bytes), n, s, links, cap)
     shares = server_shares(placement_of(row), n // per_host(row), s)
     return shared_rounds(int(m_bytes), shares, size) if shares else chunks_per_server(int(m_bytes), s, size)

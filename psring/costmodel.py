@@ -64,14 +64,16 @@ class Link:
         return cls(alpha_s, float(m.group(1)) * _RATE[m.group(2)] * goodput)
 
 
-def emulated_links_Bps(net, link_rate, server_link_rate=None) -> tuple[float, float] | None:
+def emulated_links_Bps(net, link_rate, server_link_rate=None,
+                      tuning: str = "auto") -> tuple[float, float] | None:
     """(worker, server) link rates in bytes/s of a run's settings on an emulated network (the server's
-    rate defaults to the workers'), else None: where psring knows the links, and fits the PS to them.
+    rate defaults to the workers'), else None: where psring knows the links, and fits the PS to them
+    (``--link-tuning off``: it does not, and keeps the one-host chunks, no window, no credits).
 
     >>> emulated_links_Bps("emulated", "1gbit"), emulated_links_Bps("loopback", "1gbit")
     ((125000000.0, 125000000.0), None)
     """
-    if net != "emulated" or not (isinstance(link_rate, str) and link_rate):
+    if net != "emulated" or tuning == "off" or not (isinstance(link_rate, str) and link_rate):
         return None
     w = Link.from_rate(link_rate).bandwidth_Bps
     return w, (Link.from_rate(server_link_rate).bandwidth_Bps if isinstance(server_link_rate, str)

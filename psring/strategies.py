@@ -148,7 +148,8 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
     return make_ps(rank, world, device, cfg.ps_addrs, cfg.optim, cfg.timeout_s, cfg.bucket_mb, cfg.overlap,
                    cfg.frame_kb, design=cfg.ps_design, consistency=cfg.consistency, staleness=cfg.staleness,
                    curve=cfg.curve, window=cfg.ps_window,
-                   links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate),
+                   links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate,
+                                                cfg.link_tuning),
                    compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
                    link_tuning=cfg.link_tuning,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))

@@ -128,3 +128,17 @@ def test_a_second_probe_of_a_round_from_the_same_worker_is_refused():
         c.send(0, {"op": "probe", "round": 0})
         with pytest.raises(PSError, match="probed round 0 twice"):
             c.call(0, {"op": "probe", "round": 0})
+
+
+def test_link_tuning_off_leaves_the_ps_at_its_one_host_defaults():
+    """``--link-tuning off``: the PS is not fitted to a told rate either (4 MB chunks, no window, no
+    credits), and the bound counts the chunks it then cuts."""
+    from psring.bounds import ps_chunks_per_server
+    from psring.costmodel import emulated_links_Bps
+
+    assert emulated_links_Bps("emulated", "100mbit", None, "off") is None
+    assert emulated_links_Bps("emulated", "100mbit", None, "probe") == (12.5e6, 12.5e6)
+    row = {"net": "emulated", "link_rate": "100mbit", "bucket_mb": 4.0, "workers": 4, "servers": 4}
+    m = 44_695_848
+    assert ps_chunks_per_server({**row, "link_tuning": "off"}, 4, 4, m) == 3  # 11.2 MB a server in 4 MB
+    assert ps_chunks_per_server({**row, "link_tuning": "auto"}, 4, 4, m) > 3
