@@ -26,8 +26,9 @@ def test_every_link_bound_point_within_15_percent_of_its_bound():
 
 
 def test_the_measured_order_is_the_models():
-    t = table()  # ordered by bound
-    assert t["sync_s_p50"].is_monotonic_increasing, t[["label", "sync_s_p50", "bound_s"]].to_string()
+    t = table()  # ordered by bound; the two flat rings share theirs, so either may come first
+    by_model = t.sort_values(["bound_s", "sync_s_p50"], kind="stable")
+    assert by_model["sync_s_p50"].is_monotonic_increasing, t[["label", "sync_s_p50", "bound_s"]].to_string()
     labels = t["label"].tolist()
     assert labels.index("hierarchical") < labels.index("all-reduce")  # on slow host links
     assert labels[3:] == ["ps S=4", "ps colocated + k=3", "ps colocated + k=2", "ps colocated + k=1",
