@@ -31,34 +31,48 @@ def at(df, **kw) -> pd.DataFrame:
     return df
 
 
-def test_every_run_completed_and_every_100mbit_point_is_link_bound(runs):
-    assert len(runs) == 39 and (runs["status"] == "ok").all()
-    slow = at(runs, link_rate="100mbit")
-    assert not slow["cpu_saturated"].astype(bool).any() and slow["step_bound_s"].notna().all()
-    # 1 Gbit: the PS's points saturate 2 cores, so no claim rests on them
-    assert at(runs, link_rate="1gbit", sync="ps")["cpu_saturated"].astype(bool).all()
+def test_every_run_completed_and_no_point_is_cpu_saturated(runs):
+    assert len(runs) == 45 and (runs["status"] == "ok").all()
+    assert not runs["cpu_saturated"].astype(bool).any() and runs["step_bound_s"].notna().all()
+    # 1 Gbit, ps at N = 4: under the 0.90 flag, but 0.85 of both cores while communicating
+    ps4 = at(runs, link_rate="1gbit", sync="ps", workers=4)
+    assert (ps4["cpu_util_sync"] >= 0.8).all()
 
 
 def test_within_10_percent_of_the_bound_at_compute_comm_1(runs):
     one = at(runs, link_rate="100mbit", ratio=1.0)
     overlapped = one[one["overlap"] != "none"]
-    assert (overlapped[overlapped["workers"] <= 4]["step_over_bound"] <= 1.10).all()
-    assert (at(overlapped, workers=8, overlap="backward")["step_over_bound"] <= 1.10).all()
-    # N = 8 with full: the README's exceptions, ps S=8 and the ring 1.13-1.14x in the grid's draw
-    full8 = at(overlapped, workers=8, overlap="full").set_index(["sync", "link_tuning"])["step_over_bound"]
-    assert full8[("allreduce", "probe")] <= 1.10
-    assert all(1.10 < full8[k] < 1.15 for k in full8.index if k[0] != "allreduce")
+    ok = overlapped[~((overlapped["workers"] == 8) & (overlapped["sync"] == "ps") & (overlapped["overlap"] == "full")
+                      & (overlapped["link_tuning"] == "probe"))]
+    assert len(ok) == len(overlapped) - 1 and (ok["step_over_bound"] <= 1.10).all()
+    # the README's one exception: ps S=8 with full, the rate hidden, 1.148x in this draw (told: 1.082x)
+    full8 = at(overlapped, workers=8, overlap="full", sync="ps").set_index("link_tuning")["step_over_bound"]
+    assert 1.10 < full8["probe"] < 1.16 and full8["auto"] <= 1.10
+    # the reduce family's new scheduler at N = 8: within 5% (the previous one's ring: 1.14x)
+    assert (at(overlapped, workers=8)[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.05).all()
 
 
 def test_full_beats_backward(runs):
-    n4 = at(runs, link_rate="100mbit", ratio=1.0, workers=4)
+    for n in (4, 8):
+        grid = at(runs, link_rate="100mbit", ratio=1.0, workers=n)
 
-    def gain(sync, tuning):
-        g = at(n4, sync=sync, link_tuning=tuning).set_index("overlap")["step_s_p50"]
-        return g["backward"] / g["full"]
+        def gain(sync, tuning):
+            g = at(grid, sync=sync, link_tuning=tuning).set_index("overlap")["step_s_p50"]
+            return g["backward"] / g["full"]
 
-    assert gain("allreduce", "probe") >= 1.15 and gain("ring", "probe") >= 1.15
-    assert gain("ps", "probe") >= 1.15 and 1.14 <= gain("ps", "auto") < 1.15  # the grid's one draw; see repeats
+        assert gain("allreduce", "probe") >= 1.15 and gain("ring", "probe") >= 1.15 and gain("ps", "auto") >= 1.15
+        assert gain("ps", "probe") >= (1.15 if n == 4 else 1.12)
+
+
+def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
+    """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2, every
+    full point 1.10-1.25x, the reduce family's updates 3-4% of a step."""
+    g = at(runs, link_rate="1gbit")
+    back = at(g, overlap="backward")
+    assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
+    assert g[g["overlap"] == "full"]["step_over_bound"].between(1.10, 1.25).all()
+    reduce = g[(g["sync"] != "ps")]
+    assert (reduce["update_s_p50"] / reduce["step_bound_s"]).between(0.015, 0.05).all()
 
 
 def test_repeats_put_the_ps_gain_and_the_n8_points_in_their_spread():
@@ -68,7 +82,7 @@ def test_repeats_put_the_ps_gain_and_the_n8_points_in_their_spread():
     gains = ps4["backward"] / ps4["full"]
     assert len(gains) == 3 and gains.median() >= 1.15 and gains.min() >= 1.14
     full8 = at(rep, workers=8, overlap="full").set_index("sync")["step_over_bound"]
-    assert full8["ring"] <= 1.10 and full8["ps"] <= 1.11
+    assert full8["ring"] <= 1.05 and 1.08 <= full8["ps"] <= 1.15
 
 
 def test_the_pss_no_overlap_points_with_the_rate_hidden_stay_at_their_bound():
