@@ -63,3 +63,20 @@ def test_a_parameter_without_gradient_is_refused_in_one_line(runs, sync):
     r = done[(sync, "unused")]
     last = r.stderr.strip().splitlines()[-1]
     assert r.returncode != 0 and "parameter 'branch." in last and "got no gradient" in last, r.stderr[-2000:]
+
+
+def test_the_check_wants_every_gradient_once_a_backward_ran_and_none_without_one():
+    """A backward that reaches some parameters and not others is refused; a step with no backward at all
+    (the bench writes gradients into the buckets directly) is not."""
+    from torch import nn
+
+    from psring.sync.buckets import GradBuckets, UnusedParameterError, flat_layout, param_ranges
+
+    model = nn.ModuleDict({"used": nn.Linear(4, 2), "unused": nn.Linear(4, 2)})
+    layout = flat_layout(model.named_parameters())
+    buckets = GradBuckets(layout, param_ranges(layout, 1 << 20, 1 << 20), lambda b: None)
+    buckets.flush()  # nothing ran backward: the bench's case
+    buckets.reset()
+    model["used"](torch.ones(1, 4)).sum().backward()
+    with pytest.raises(UnusedParameterError, match=r"^parameter 'unused\.(weight|bias)' \(and 1 more\)"):
+        buckets.flush()

@@ -192,7 +192,7 @@ def run(spec: dict) -> int:
     strategy, servers, rows = spec["strategy"], spec.get("servers", 1), []
     kids = Children()
     ctx = zmq.Context()
-    socks, extra_socks = [], []
+    socks = []
     try:
         if entry.servers:
             addrs = shared_addrs(rank, lambda: start_set(kids, out, "echo", servers, world, f"s{servers}"),
@@ -208,7 +208,7 @@ def run(spec: dict) -> int:
                 new, floors = bench_reducer(entry, pg, model, nbytes, spec), False
             else:  # a strategy with servers: psring's PS against a ZeroMQ echo to as many servers
                 new, extra = bench_ps(entry, spec, model, nbytes, (kids, ctx, out, rank, world, servers), socks)
-                floors, extra_socks = bool(extra), extra_socks + extra
+                floors = bool(extra)
             rows += new
             if rank == 0:
                 print(f"  {strategy:>9} S={servers if entry.servers else '-'} {nbytes:>11,d} B: "
@@ -219,9 +219,8 @@ def run(spec: dict) -> int:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
         dist.barrier()
     finally:
-        for s in socks + extra_socks:
-            s.close(linger=0)
-        ctx.term()
+        # every socket of the context, also those a size that failed midway left open (term would wait on them)
+        ctx.destroy(linger=0)
         kids.stop_all(grace_s=2)
         dist.destroy_process_group()
     return 0

@@ -205,6 +205,10 @@ class GradBuckets:
             self._launch_in_order(g)
 
     def check_used(self) -> None:
+        """Refuse a step whose backward gave some parameters a gradient and not others. A step without
+        any backward at all (gradients written into the buckets directly: ``psring bench``) passes."""
+        if not self._fired:
+            return
         missing = [name for sp in self.layout for name, p, _ in sp.members if id(p) not in self._fired]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
