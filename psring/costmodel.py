@@ -64,11 +64,9 @@ class Link:
         return cls(alpha_s, float(m.group(1)) * _RATE[m.group(2)] * goodput)
 
 
-def emulated_links_Bps(net, link_rate, server_link_rate=None,
-                      tuning: str = "auto") -> tuple[float, float] | None:
-    """(worker, server) link rates in bytes/s of a run's settings on an emulated network (the server's
-    rate defaults to the workers'), else None: where psring knows the links, and fits the PS to them
-    (``--link-tuning off``: it does not, and keeps the one-host chunks, no window, no credits).
+def emulated_links_Bps(net, link_rate, server_link_rate=None, tuning="auto") -> tuple[float, float] | None:
+    """(worker, server) link rates in bytes/s of a run on an emulated network (the server's defaults to the
+    workers'), where psring fits the PS to its links; else None (also ``--link-tuning off``: one-host chunks).
 
     >>> emulated_links_Bps("emulated", "1gbit"), emulated_links_Bps("loopback", "1gbit")
     ((125000000.0, 125000000.0), None)
@@ -76,8 +74,8 @@ def emulated_links_Bps(net, link_rate, server_link_rate=None,
     if net != "emulated" or tuning == "off" or not (isinstance(link_rate, str) and link_rate):
         return None
     w = Link.from_rate(link_rate).bandwidth_Bps
-    return w, (Link.from_rate(server_link_rate).bandwidth_Bps if isinstance(server_link_rate, str)
-               and server_link_rate else w)
+    s = server_link_rate if isinstance(server_link_rate, str) and server_link_rate else None
+    return w, Link.from_rate(s).bandwidth_Bps if s else w
 
 
 def ring_allreduce(n: int, m_bytes: float, link: Link) -> float:

@@ -62,18 +62,19 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, sync: str = "allreduce",
                  out: str | os.PathLike | None = None, **options):
-        from .strategies import names
+        from . import strategies
         from .sync import make_synchronizer
         from .sync.process_group import env_rank
 
         rank, world, _ = env_rank()
-        if sync == "ddp":
-            raise ConfigError("DistributedOptimizer: for ddp wrap the model in torch's DistributedDataParallel "
-                              "itself; psring's strategies here: " + ", ".join(n for n in names() if n != "ddp"))
+        if sync in strategies.names() and not strategies.get(sync).sync_timed:  # its communication is its module's
+            raise ConfigError(f"DistributedOptimizer: for {sync} wrap the model in torch's "
+                              "DistributedDataParallel itself; psring's strategies here: " + ", ".join(
+                                  n for n in strategies.names() if strategies.get(n).sync_timed))
         if options.get("overlap") == "full":
             raise ConfigError("DistributedOptimizer: --overlap full needs psring train's loop (each layer of the "
                               "next forward waits for its parameters there); use overlap='backward'")
-        if sync == "ps" and not options.get("ps_addrs"):
+        if sync in strategies.names() and strategies.get(sync).servers and not options.get("ps_addrs"):
             options.setdefault("ps_placement", "colocated")  # every node's local rank 0 starts its server
             if options["ps_placement"] == "colocated":
                 from .topology import local_world
