@@ -65,6 +65,7 @@ class DistributedOptimizer:
         from . import strategies
         from .sync import make_synchronizer
         from .sync.process_group import env_rank
+        from .train.models import check_float32
 
         rank, world, _ = env_rank()
         if sync in strategies.names() and not strategies.get(sync).sync_timed:  # its communication is its module's
@@ -89,6 +90,10 @@ class DistributedOptimizer:
         self.cfg = cfg.validate()
         cfg.model = f"own:{type(model).__name__}"  # a label for the records: the model is the caller's
         self.rank, self.step_index = rank, 0
+        try:
+            check_float32(model)
+        except ValueError as e:
+            raise ConfigError(f"DistributedOptimizer: {e}") from None
         self.sync = make_synchronizer(cfg)
         attached = self.sync.attach(model)
         if attached is not model:  # pragma: no cover - every strategy but ddp attaches in place

@@ -34,3 +34,19 @@ def tied_frozen() -> nn.Module:
 
 def with_unused() -> nn.Module:
     return RealCode(unused=True)
+
+
+class Bf16(nn.Module):
+    """A bf16 model (parameters and activations): the float32 batch is cast on the way in, the logits out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = nn.Linear(3 * 32 * 32, 64), nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.embed(torch.flatten(x, 1).to(self.embed.weight.dtype)))
+        return self.head(h).float()
+
+
+def bf16() -> nn.Module:
+    return Bf16().to(torch.bfloat16)

@@ -11,6 +11,7 @@ from conftest import Psring, run_concurrently
 from test_equivalence import max_rel_diff
 
 MODEL = "tests.real_code_models:tied_frozen"
+BF16 = "tests.real_code_models:bf16"
 B, STEPS = 8, 4
 STRATEGIES = {"ps": ("--servers", "2"), "ps-aggregate": ("--servers", "2", "--ps-design", "aggregate"),
               "allreduce": ("--bucket-mb", "0.05"), "ring": ("--bucket-mb", "0.05"), "ddp": ()}
@@ -80,3 +81,20 @@ def test_the_check_wants_every_gradient_once_a_backward_ran_and_none_without_one
     model["used"](torch.ones(1, 4)).sum().backward()
     with pytest.raises(UnusedParameterError, match=r"^parameter 'unused\.(weight|bias)' \(and 1 more\)"):
         buckets.flush()
+
+
+def test_a_bf16_model_is_refused_in_one_line_before_any_worker(tmp_path):
+    """torch's fused CPU SGD (every worker-side update) leaves a bf16 nn.Linear's weight unchanged and the
+    servers run the same kernel: psring refuses non-float32 parameters, naming one, for every strategy."""
+    import subprocess
+    import sys
+
+    from psring.train.models import build_model, check_float32
+
+    for sync in ("none", "allreduce", "ps"):
+        r = subprocess.run([sys.executable, "-m", "psring", *args(tmp_path / sync, sync, 2 if sync != "none" else 1,
+                                                                 B, BF16)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert "parameter 'embed.weight' is bfloat16: psring trains float32 parameters" in r.stderr, r.stderr
+    with pytest.raises(ValueError, match="is bfloat16"):
+        check_float32(build_model("cnn", 0).to(torch.bfloat16))

@@ -137,5 +137,20 @@ def build_model(name: str, seed: int, num_classes: int = NUM_CLASSES, image_size
 
 def model_of(cfg, seed: int | None = None) -> nn.Module:
     """``cfg``'s model (``cfg.model``, ``cfg.classes``, ``cfg.input_size``), seeded with ``seed`` (default
-    ``cfg.seed``); under ``torch.device("meta")`` shapes only."""
-    return build_model(cfg.model, cfg.seed if seed is None else seed, cfg.classes, cfg.input_size)
+    ``cfg.seed``); under ``torch.device("meta")`` shapes only. A trainable parameter that is not float32 is
+    a one-line ValueError (``check_float32``)."""
+    model = build_model(cfg.model, cfg.seed if seed is None else seed, cfg.classes, cfg.input_size)
+    check_float32(model)
+    return model
+
+
+def check_float32(model: nn.Module) -> None:
+    """psring trains float32 parameters: torch's fused CPU SGD (the workers' update) leaves bf16 weight
+    matrices unchanged (torch 2.13: a bf16 nn.Linear's weight did not move at lr 0.5, its bias did), and
+    the PS's servers update in the parameters' dtype with that kernel too. Refused, naming a parameter."""
+    low = next(((n, p.dtype) for n, p in model.named_parameters()
+                if p.requires_grad and p.dtype != torch.float32), None)
+    if low is not None:
+        raise ValueError(f"parameter {low[0]!r} is {str(low[1]).removeprefix('torch.')}: psring trains float32 "
+                         f"parameters (torch's fused CPU optimizer leaves bf16 ones unchanged); keep the model "
+                         f"in float32 and use --compress bf16 to send bf16 gradients")
