@@ -103,8 +103,8 @@ def peaks(argv: list[str], timeout_s: float = 600) -> dict[str, tuple[int, int]]
 
 def train(tmp: Path, name: str, sync: str, model: str, batch: int, steps: int, servers: int = 1) -> dict:
     argv = ["train", "--sync", sync, "--workers", "2", "--model", model, "--batch-size", str(batch),
-            "--steps", str(steps), "--image-size", "32", "--num-samples", str(max(256, 2 * batch)), "--threads", "1", "--no-eval",
-            "--warmup", "0", "--log-every", "1000", "--out", str(tmp / name)]
+            "--steps", str(steps), "--image-size", "32", "--num-samples", str(max(256, 2 * batch)),
+            "--threads", "1", "--no-eval", "--warmup", "0", "--log-every", "1000", "--out", str(tmp / name)]
     return peaks(argv + (["--servers", str(servers)] if sync == "ps" else []))
 
 

@@ -12,7 +12,7 @@ from test_ps_state import SGD, Tiny, live_server, train
 from psring.config import OptimConfig
 from psring.sync.ps.client import PSClient
 from psring.sync.ps.comm import LocalChannel, PSComm
-from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes, servers_narrower
+from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes, credits_fit, servers_narrower
 from psring.sync.ps.synchronizer import make_ps
 from psring.sync.ps.transport import parse_message
 
@@ -32,6 +32,8 @@ def test_no_default_credits_where_the_servers_links_are_the_narrower_side():
     assert not servers_narrower((50 * mbit, 400 * mbit), 8, 1)  # a fast server link carries the 8
     assert servers_narrower((50 * mbit, float("inf")), 4, 2)  # probed: the server side unknown, S < N
     assert not servers_narrower((50 * mbit, float("inf")), 4, 4)
+    assert credits_fit((50 * mbit, 50 * mbit), 4, 4) and not credits_fit((50 * mbit, 50 * mbit), 8, 1)
+    assert not credits_fit(None, 4, 4)  # loopback: no link to schedule
 
 
 @contextlib.contextmanager

@@ -92,8 +92,9 @@ def test_a_bf16_model_is_refused_in_one_line_before_any_worker(tmp_path):
     from psring.train.models import build_model, check_float32
 
     for sync in ("none", "allreduce", "ps"):
-        r = subprocess.run([sys.executable, "-m", "psring", *args(tmp_path / sync, sync, 2 if sync != "none" else 1,
-                                                                 B, BF16)], capture_output=True, text=True, timeout=120)
+        n = 1 if sync == "none" else 2
+        r = subprocess.run([sys.executable, "-m", "psring", *args(tmp_path / sync, sync, n, B, BF16)],
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert "parameter 'embed.weight' is bfloat16: psring trains float32 parameters" in r.stderr, r.stderr
     with pytest.raises(ValueError, match="is bfloat16"):

@@ -135,6 +135,14 @@ def param_ranges(layout: list[Space], cap_bytes: int, first_cap_bytes: int) -> l
 class UnusedParameterError(RuntimeError):
     """A trainable parameter got no gradient in a step (DDP's find_unused_parameters case)."""
 
+    @classmethod
+    def of(cls, names: list[str]) -> UnusedParameterError:
+        """The one-line refusal naming the first of ``names`` (and counting the others)."""
+        more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+        return cls(f"parameter {names[0]!r}{more} got no gradient in this step (a branch forward did not use?): "
+                   f"psring synchronizes and updates every trainable parameter every step; set requires_grad=False "
+                   f"on it, or use it in forward")
+
 
 class GradBuckets:
     def __init__(self, layout: list[Space], ranges: list[BucketRange],
@@ -211,11 +219,7 @@ class GradBuckets:
             return
         missing = [name for sp in self.layout for name, p, _ in sp.members if id(p) not in self._fired]
         if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise UnusedParameterError(
-                f"parameter {missing[0]!r}{more} got no gradient in this step (a branch forward did not use?): "
-                f"psring synchronizes and updates every trainable parameter every step; set requires_grad=False "
-                f"on it, or use it in forward")
+            raise UnusedParameterError.of(missing)
 
     def ready_offsets(self, since: float) -> list[list]:
         """``[bucket, seconds after since]`` of every bucket whose gradients were all there this step, in

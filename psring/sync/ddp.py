@@ -159,8 +159,7 @@ class DDPSync(Synchronizer):
         if missing:
             from .buckets import UnusedParameterError
 
-            raise UnusedParameterError(f"parameter {missing[0]!r} got no gradient in this step (a branch forward "
-                                       f"did not use?): set requires_grad=False on it, or use it in forward")
+            raise UnusedParameterError.of(missing)
 
     def _refuse_checkpoints(self) -> None:
         # PowerSGDState keeps its error feedback and warm-start P/Q per DDP bucket *index* (valid only

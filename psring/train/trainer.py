@@ -100,8 +100,8 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             wire_tx, wire_rx = wire.delta()
             acc = None
             if evaluating:  # every worker: the same cost on every rank keeps the next step's timing unskewed
-                test = test if test is not None else build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir,
-                                                                   "test", cfg.input_size)
+                if test is None:
+                    test = build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
                 acc = evaluate(getattr(model, "module", model), test, device=sync.device, image_size=cfg.input_size)
             rec = step_record(cfg, sync, st, (t0, t1, t2, t2d, t3, t4), rank=rank, step=step, loss=loss.item(),
                               samples=len(y), epoch=epoch, test_acc=acc, wire_tx_bytes=wire_tx,

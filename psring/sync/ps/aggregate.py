@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import default_window, servers_narrower
+from .sharding import credits_fit, default_window
 from .transport import chunk_ranges
 
 
@@ -67,8 +67,7 @@ class PSAggregate(Reducer):
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
             resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
-            client=self.probed, credits_fit=self.links_Bps is not None
-            and not servers_narrower(self.links_Bps, self.world, len(self.addrs)))
+            client=self.probed, credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
         self.tuned["chunk_bytes"] = max(b.nbytes for b in buckets)
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec

@@ -149,14 +149,20 @@ def default_window(servers: int, link_known: bool) -> int:
 CREDIT_CHUNKS = 2
 
 
-def servers_narrower(links_Bps: tuple[float, float] | None, workers: int, servers: int) -> bool:
+def servers_narrower(links_Bps: tuple[float, float], workers: int, servers: int) -> bool:
     """Whether the servers' side of the links is the narrower one: S server links carry less than N worker
     links (a probed link, whose server side is unbounded, counts S < N). Then each server's link carries
     N/S workers' pushes, and the acks that give a worker its credits back queue behind that server's
     replies to the others: on emulated 50 Mbit links, N = 8 on 4 hosts, ps S=1 took 5.0-5.4 s a step with
     credits and 2.99 s without (bound 2.9), so credits are left off there (FIFO under the window)."""
-    w, s = links_Bps if links_Bps is not None else (1.0, 1.0)
+    w, s = links_Bps
     return servers * (s if math.isfinite(s) else w) < workers * w
+
+
+def credits_fit(links_Bps: tuple[float, float] | None, workers: int, servers: int) -> bool:
+    """Whether default credits suit the links: they are known (told or probed) and the workers' side is
+    the narrow one (``servers_narrower``)."""
+    return links_Bps is not None and not servers_narrower(links_Bps, workers, servers)
 
 
 def credit_bytes(credit_mb: float | None, overlap: str, link_known: bool, chunk_bytes: int) -> int:

@@ -38,7 +38,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import default_window, servers_narrower
+from .sharding import credits_fit, default_window
 from .transport import chunk_ranges
 
 
@@ -82,7 +82,7 @@ class PSSync(Synchronizer):
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
             error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
             overlap=self.overlap, client=probed,
-            credits_fit=known and not servers_narrower(self.links_Bps, self.world, len(self.addrs)))
+            credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
         self.tuned["chunk_bytes"] = max(b.nbytes for b in self.buckets.buckets)
         self.deferred: list[Bucket] = []
         if self.full:
