@@ -174,15 +174,26 @@ def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None 
     """``runs`` with ``bound_s`` (the α-β bound of its sync step), ``over_bound`` (median sync time /
     bound), ``step_bound_s`` and ``step_over_bound`` (the whole step's bound in its overlap mode, and the
     median step time over it) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
-    ``m_bytes``: M (default: ``gradient_bytes`` of the table)."""
+    ``m_bytes``: M (default: ``gradient_bytes`` of the table, of each model's rows where it has several)."""
     df = runs.copy()
-    if m_bytes is None:
-        m_bytes = gradient_bytes(df) or math.nan
-    df["bound_s"] = [bound_s(r, m_bytes, alpha_s) for _, r in df.iterrows()]
+    m_of = _m_per_row(df, m_bytes)
+    df["bound_s"] = [bound_s(r, m_of(r), alpha_s) for _, r in df.iterrows()]
     df["over_bound"] = df["sync_s_p50"] / df["bound_s"]
     saturated = df["cpu_saturated"].fillna(False).astype(bool) if "cpu_saturated" in df else False
     df["link_bound"] = df["bound_s"].notna() & ~saturated
-    df["step_bound_s"] = [step_bound_s(r, m_bytes, alpha_s) for _, r in df.iterrows()]
+    df["step_bound_s"] = [step_bound_s(r, m_of(r), alpha_s) for _, r in df.iterrows()]
     if "step_s_p50" in df:
         df["step_over_bound"] = df["step_s_p50"] / df["step_bound_s"]
     return df
+
+
+def _m_per_row(df: pd.DataFrame, m_bytes: float | None):
+    """``row -> M``: ``m_bytes`` if given; else the table's ``gradient_bytes``, taken over each model's own
+    rows where the table ran several models (``results/models``: ResNet-18's 44.7 MB beside ViT's 343 MB)."""
+    if m_bytes is not None:
+        return lambda row: m_bytes
+    if "model" not in df or df["model"].nunique() < 2:
+        m = gradient_bytes(df) or math.nan
+        return lambda row: m
+    per_model = {k: gradient_bytes(g) or math.nan for k, g in df.groupby("model")}
+    return lambda row: per_model.get(row.get("model"), math.nan)

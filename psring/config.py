@@ -19,39 +19,10 @@ from pathlib import Path
 from . import config_checks as checks
 from . import strategies
 from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
-
-MODELS = ("cnn", "resnet18", "resnet18_narrow", "resnet50", "vit_b_16")  # train.models.MODELS (torch-free here)
-DATASETS = ("synthetic", "cifar10", "digits")
-BACKENDS = ("auto", "gloo", "nccl")
-OPTIMIZERS = ("sgd", "adam")
-PARTITIONS = ("uniform", "stratified", "random")
-CONSISTENCY = ("bsp", "ssp", "asp")
-PS_DESIGNS = ("server-optimizer", "aggregate")
-NETS = ("loopback", "emulated")
-PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
-OVERLAPS = strategies.OVERLAPS  # none | backward | full
-TUNINGS = ("auto", "probe", "off")  # sync.link_probe.TUNINGS (not imported here: it imports torch)
-DEFAULT_STEPS = 50  # without --steps or --epochs
-NUM_CLASSES = 10  # every bundled data set's (train.datasets.NUM_CLASSES)
-CIFAR_SIZE, IMAGENET_SIZE = 32, 224  # train.models' default input sides
-IMAGENET_MODELS = ("resnet50", "vit_b_16")
-
-# Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
-# the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
-SECTIONS = {"run": "run", "model": "model", "data": "data", "optimizer": "optimizer",
-            "buckets": "gradient buckets and overlap", "ps": "parameter server",
-            "network": "network (--net emulated)", "compute": "compute", "measurement": "measurement",
-            "checkpoints": "checkpoints", "compression": "compression", "experiments": "experiments"}
-
-
-def owners(section: str) -> tuple[str, ...]:
-    """The strategies that read ``section`` (none: every strategy does)."""
-    return tuple(n for n in strategies.names() if section in strategies.get(n).options)
-
-
-def section_titles() -> dict[str, str]:
-    """SECTIONS' titles, each strategy-specific one naming its strategies: "parameter server (--sync ps)"."""
-    return {k: f"{t} (--sync {' | '.join(owners(k))})" if owners(k) else t for k, t in SECTIONS.items()}
+from .config_choices import (  # noqa: F401 - re-exported: psring.config is where callers look
+    MODELS, DATASETS, BACKENDS, OPTIMIZERS, PARTITIONS, CONSISTENCY, PS_DESIGNS, NETS, PS_PLACEMENTS,
+    OVERLAPS, TUNINGS, BUFFERS, DEFAULT_STEPS, NUM_CLASSES, CIFAR_SIZE, IMAGENET_SIZE, IMAGENET_MODELS,
+    SECTIONS, owners, section_titles)
 
 
 @dataclass
@@ -189,6 +160,10 @@ class TrainConfig:
                                  "vit_b_16, else 32)", section="model", check=at_least(4), metavar="PX")
     num_classes: int | None = opt(None, "classifier outputs (default: the data set's classes)", section="model",
                                   check=at_least(2))
+    buffers: str = opt("auto", "BatchNorm running statistics (float buffers) across workers after every step: local "
+                       "(each keeps its own, Horovod's way), broadcast (rank 0's, DDP's broadcast_buffers), average "
+                       "(the workers' mean); auto: broadcast for ddp, local otherwise", section="model",
+                       choices=BUFFERS)
 
     @property
     def samples(self) -> int:
@@ -206,6 +181,11 @@ class TrainConfig:
         if self.image_size:
             return self.image_size
         return IMAGENET_SIZE if self.model in IMAGENET_MODELS else CIFAR_SIZE
+
+    @property
+    def resolved_buffers(self) -> str:
+        """``--buffers`` resolved: auto is the strategy's own (``Strategy.buffers``)."""
+        return strategies.get(self.sync).buffers if self.buffers == "auto" else self.buffers
 
     @property
     def global_batch(self) -> int:
@@ -239,6 +219,7 @@ class TrainConfig:
         if self.bucket_mb is None:
             self.bucket_mb = s.bucket_mb
         checks.check_overlap(self, s)
+        checks.check_buffers(self, s)
         checks.check_sizes(self)
         checks.check_straggler(self)
         checks.check_compress(self)

@@ -127,6 +127,13 @@ def check_overlap(cfg, s) -> None:
                           f"waits for this step's parameters, which SSP/ASP do not promise; use --overlap backward")
 
 
+def check_buffers(cfg, s) -> None:
+    """``--buffers broadcast|average`` needs a strategy that communicates (not the baseline's independent workers)."""
+    if cfg.buffers in ("broadcast", "average") and s.baseline and cfg.workers > 1:
+        raise ConfigError(f"--buffers {cfg.buffers}: --sync {s.name} workers communicate nothing; use --buffers "
+                          "local, or a strategy that synchronizes")
+
+
 def check_ps(cfg) -> None:
     """The servers' own rules, here before anything starts: the design/consistency/staleness combination
     (``consistency.check_semantics``, which every server applies to its init) and the shard plan

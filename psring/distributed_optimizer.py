@@ -21,6 +21,8 @@ per node), so the wrapped object's own state is not used. ``options`` are ``psri
 ``bucket_mb``, ``compress``, ``consistency``, ``link_tuning``, ...); ``workers`` is torchrun's WORLD_SIZE.
 Refused in one line: ``ddp`` (use torch's DistributedDataParallel itself), ``--overlap full`` (the next
 forward's gates need the trainer's loop), another optimizer class or SGD's nesterov/dampening.
+BatchNorm's running statistics stay each worker's own unless ``buffers="broadcast"`` (rank 0's) or
+``"average"`` (the workers' mean), agreed after every ``step()``.
 """
 from __future__ import annotations
 
@@ -98,6 +100,9 @@ class DistributedOptimizer:
         attached = self.sync.attach(model)
         if attached is not model:  # pragma: no cover - every strategy but ddp attaches in place
             raise ConfigError(f"DistributedOptimizer: --sync {sync} wraps the model; not supported here")
+        from .sync.buffer_sync import make_buffer_sync
+
+        self.buffers = make_buffer_sync(model, self.sync.buffer_mode(cfg.resolved_buffers), rank, world, cfg.timeout_s)
         self.model, self.closed = model, False
         self._times = _ForwardClock(model, self.sync.clock)
         self.log = None
@@ -126,7 +131,7 @@ class DistributedOptimizer:
     def step(self, closure=None):
         """Synchronize this step's gradients and update; afterwards every rank holds the same parameters."""
         from .metrics.cpu import cpu_times
-        from .train.trainer import step_record
+        from .train.trainer import step_record, with_buffers
 
         loss = None
         if closure is not None:
@@ -134,7 +139,7 @@ class DistributedOptimizer:
                 loss = closure()
         cpu0 = cpu_times()
         t3 = self.sync.clock.now()
-        st = self.sync.step(self.step_index)
+        st = with_buffers(self.sync.step(self.step_index), self.buffers)
         t4 = self.sync.clock.now()
         cpu1 = cpu_times()
         if self.log is not None:

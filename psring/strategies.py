@@ -44,7 +44,8 @@ class Strategy:
     refused. ``reducer``: for the "reduce, then local optimizer" family (``sync.reducer.ReduceSync``),
     ``reducer(process_group_info) -> Reducer``; ``build`` wraps it, and ``psring bench`` times it
     against a flat ``dist.all_reduce``. ``codecs``: the ``--compress`` codec names (``compress.codecs``)
-    it takes besides ``none``."""
+    it takes besides ``none``. ``buffers``: what ``--buffers auto`` means for it (``sync.buffer_sync``):
+    BatchNorm statistics kept per worker (local) or rank 0's everywhere (broadcast, DDP's default)."""
 
     name: str
     help: str
@@ -62,6 +63,7 @@ class Strategy:
     options: tuple[str, ...] = ()
     reducer: Callable | None = None
     codecs: tuple[str, ...] = ()
+    buffers: str = "local"
 
 
 def _env():
@@ -131,7 +133,8 @@ REDUCE_CODECS = CODECS + ("powersgd",)  # and PowerSGD (sync/powersgd.py), for t
 def _ddp(cfg: TrainConfig) -> Synchronizer:
     from .sync.ddp import DDPSync
 
-    return DDPSync(_group(cfg), cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, compress=cfg.compress)
+    return DDPSync(_group(cfg), cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, compress=cfg.compress,
+                   broadcast_buffers=cfg.resolved_buffers == "broadcast")
 
 
 def _ps(cfg: TrainConfig) -> Synchronizer:
@@ -172,7 +175,7 @@ REGISTRY: dict[str, Strategy] = {s.name: s for s in (
              reducer=_hierarchical_reducer, codecs=REDUCE_CODECS, bucket_mb=None),
     Strategy("ddp", "torch's DistributedDataParallel, the reference", "DDP", "tab:cyan", _ddp,
              process_group=True, cost_model="allreduce", sync_timed=False, overlaps=("backward",),
-             codecs=("fp16", "bf16", "powersgd")),
+             codecs=("fp16", "bf16", "powersgd"), buffers="broadcast"),
     Strategy("none", "no communication: each worker trains alone (N=1: the baseline of every speedup)",
              "no communication", "tab:gray", _none, baseline=True),
 )}

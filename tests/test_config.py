@@ -25,7 +25,7 @@ KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_d
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
         "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
         "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_tuning",
-        "image_size", "num_classes"]
+        "image_size", "num_classes", "buffers"]
 OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
 
 

@@ -21,7 +21,7 @@ from .cpu import SATURATED, utilisation
 from .jsonl import read_jsonl
 
 PHASES = ["data_s", "forward_s", "backward_s", "sync_s", "update_s"]
-SYNC_PARTS = ["push_s", "wait_s", "pull_s", "allreduce_wait_s"]
+SYNC_PARTS = ["push_s", "wait_s", "pull_s", "allreduce_wait_s", "buffers_s"]  # buffers_s: --buffers
 SERVER_PARTS = ["recv_s", "aggregate_s", "update_s", "send_s", "wait_slowest_s"]
 
 
@@ -65,6 +65,8 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["cpu_saturated"] = max(known) >= SATURATED if known else None
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
+    if "buffer_bytes" in timed:  # --buffers broadcast|average: the part of bytes_sent that was buffers
+        out["buffer_bytes_per_step"] = _num(pd.to_numeric(timed["buffer_bytes"], errors="coerce").mean())
     # counted by the kernel per host link (--net emulated): by every worker with one per host, by local
     # rank 0 of each host where G workers share one (the others record none)
     for k in ("wire_tx_bytes", "wire_rx_bytes"):

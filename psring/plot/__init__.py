@@ -10,7 +10,9 @@ What is drawn depends on what the folder holds:
   colocated + k dedicated servers curve) instead of ``servers``; emulated runs at several N over one
   link rate, with and without servers (``psring compare`` as root) -> ``compare`` (sync time vs N beside
   the model); ``--overlap`` modes at several compute:comm (``experiments/overlap.toml``) -> ``overlap``
-  (step time against compute:comm per mode, each beside its bound);
+  (step time against compute:comm per mode, each beside its bound); several models
+  (``experiments/models.toml``) -> ``models`` alone (each strategy's sync time per model beside its bound,
+  and over each model's M/B);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
@@ -53,6 +55,7 @@ from .compression import figure_compression, figure_seed_spread, figure_time_to_
     has_seed_spread
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
+from .models import figure_models, has_models
 from .overlap import figure_overlap, has_overlap_grid
 from .priority import figure_priority, pick_step
 from .ps_step import animate_ps_step, figure_ps_step, pick_ps_step
@@ -65,7 +68,7 @@ from .topology import figure_topology, has_topology
 FULL = OVERLAPS[2]
 
 __all__ = ["animate_ps_step", "animate_ring_steps", "figure_breakdown", "figure_convergence",
-           "figure_message_size", "figure_overlap", "figure_priority", "figure_ps_step", "figure_ring_steps", "figure_servers", "figure_speedup",
+           "figure_message_size", "figure_models", "figure_overlap", "figure_priority", "figure_ps_step", "figure_ring_steps", "figure_servers", "figure_speedup",
            "figure_timeline", "figure_topology", "main", "model_curve", "plot_results", "ps_step_runs",
            "ring_step_runs", "show", "timeline_runs"]
 
@@ -128,6 +131,8 @@ def _compare(runs: pd.DataFrame, out: Path, formats: tuple[str, ...]) -> list[Pa
 def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tuple[str, ...]) -> list[Path]:
     """The figures of a run table (a sweep's runs.csv, or its run folders' summaries)."""
     written: list[Path] = []
+    if has_models(runs):  # several models (experiments/models.toml): each strategy per model beside its bound
+        return save(figure_models(runs), out, "models", formats)
     if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side
         written += save(figure_compression(runs), out, "compression", formats)
     elif "speedup" in runs and runs["speedup"].notna().any() and runs["workers"].nunique() > 1 and \

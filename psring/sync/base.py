@@ -93,6 +93,11 @@ class Synchronizer(ABC):
         if self.resume is not None and "optimizer" in self.resume[0]:
             self.optimizer.load_state_dict(self.resume[0]["optimizer"])
 
+    def buffer_mode(self, mode: str) -> str:
+        """What ``sync.buffer_sync`` still has to do for ``--buffers MODE`` after this strategy (``ddp``
+        broadcasts itself, as DDP does: local then)."""
+        return mode
+
     @abstractmethod
     def attach(self, model: nn.Module) -> nn.Module:
         """Take ownership of ``model`` (already on ``self.device``); return the module to run forward on."""

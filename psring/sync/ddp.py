@@ -100,8 +100,9 @@ class DDPSync(Synchronizer):
     name = "ddp"
 
     def __init__(self, pg: ProcessGroupInfo, optim: OptimConfig, bucket_mb: float = 25.0,
-                 first_bucket_mb: float = 1.0, compress: str = NONE):
+                 first_bucket_mb: float = 1.0, compress: str = NONE, broadcast_buffers: bool = True):
         super().__init__(pg.rank, pg.world, pg.device)
+        self.broadcast_buffers = broadcast_buffers  # --buffers broadcast: DDP's own, at every forward
         self.pg, self.optim_cfg = pg, optim
         self.caps_mb = [first_bucket_mb, bucket_mb]
         self.compress = compress
@@ -113,7 +114,7 @@ class DDPSync(Synchronizer):
     def attach(self, model: nn.Module) -> nn.Module:
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.pg.group,
-                                      bucket_cap_mb_list=self.caps_mb)
+                                      bucket_cap_mb_list=self.caps_mb, broadcast_buffers=self.broadcast_buffers)
         self._register_hook(ddp)
         m = grad_bytes(model)
         self.wire_bytes = ring_bytes_per_worker(m, self.world)
@@ -123,6 +124,10 @@ class DDPSync(Synchronizer):
         if self.powersgd_rank is not None:  # P, Q and the uncompressed gradients stay float32
             elements = powersgd_elements(model, self.powersgd_rank)
             self.compressed_bytes = ring_bytes_per_worker(4 * elements, self.world)
+        # DDP's broadcast of rank 0's float buffers before every forward: (N-1)/N of their bytes sent per
+        # worker, on average over the ranks, whatever tree gloo sends it along
+        b = sum(x.numel() * x.element_size() for x in model.buffers() if x.is_floating_point())
+        self.buffer_bytes = b * (self.world - 1) // self.world if self.broadcast_buffers and self.world > 1 else 0
         self.optimizer = make_local_optimizer(ddp.parameters(), self.optim_cfg)
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._restore_optimizer()
@@ -149,8 +154,12 @@ class DDPSync(Synchronizer):
         # began at iter >= start, i.e. iter > start now
         if self.powersgd_state is not None and self.powersgd_state.iter > self.powersgd_state.start_powerSGD_iter:
             wire = self.compressed_bytes
-        return SyncStats(sync_s=None, update_s=timed_update(self.optimizer, self.device),
-                         bytes_sent=wire, bytes_recv=wire)
+        wire += self.buffer_bytes
+        return SyncStats(sync_s=None, update_s=timed_update(self.optimizer, self.device), bytes_sent=wire,
+                         bytes_recv=wire, phases={"buffer_bytes": self.buffer_bytes} if self.buffer_bytes else {})
+
+    def buffer_mode(self, mode: str) -> str:
+        return "local" if mode == "broadcast" else mode  # torch's DDP broadcasts them itself
 
     def _check_used(self) -> None:
         """DDP without find_unused_parameters fails the *next* forward, in many lines, if a parameter got no

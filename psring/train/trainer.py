@@ -23,6 +23,7 @@ from ..metrics.cpu import cpu_times
 from ..metrics.steps import PhaseClock, StepLog, StepRecord
 from ..metrics.wire import WireCounter
 from ..sync import make_synchronizer
+from ..sync.buffer_sync import BufferSync, make_buffer_sync
 from ..sync.process_group import destroy_process_group, env_rank
 from ..sync.ps.colocated import stop_started
 from . import checkpoint
@@ -58,6 +59,8 @@ def worker_batches(cfg: TrainConfig, rank: int, world: int) -> ShardedBatches:
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     batches = worker_batches(cfg, rank, world)
     model, start = attach_model(cfg, sync, out)
+    buffers = make_buffer_sync(getattr(model, "module", model), sync.buffer_mode(cfg.resolved_buffers), rank, world,
+                               cfg.timeout_s)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
     test = None  # the held-out split, loaded at the first epoch end
@@ -89,7 +92,7 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
             t3 = clock.now()
             if emu is None:
                 compute_s = t3 - tc  # this step's own forward+backward, without the straggler's sleep
-            st = sync.step(step)
+            st = with_buffers(sync.step(step), buffers)
             epoch, t = batches.epoch_of(step)
             evaluating = cfg.eval and emu is None and t + 1 == batches.steps_in_epoch(epoch)
             checkpointing = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps
@@ -115,6 +118,16 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
         save_model(getattr(model, "module", model), out / "model.pt")
 
 
+def with_buffers(st, buffers: BufferSync):
+    """The step's ``SyncStats`` with the buffers' agreement after it (``--buffers``): its time a part of
+    sync (``buffers_s``), its bytes in the step's and apart (``buffer_bytes``)."""
+    seconds, sent = buffers.sync()
+    if buffers.active:
+        st.phases.update(buffers_s=seconds, buffer_bytes=sent)
+        st.bytes_sent, st.bytes_recv = st.bytes_sent + sent, st.bytes_recv + sent
+    return st
+
+
 def step_record(cfg: TrainConfig, sync, st, times: tuple, **fields) -> StepRecord:
     """The step's record from its clock readings: t0 start, t1 data there, t2 forward done, t2d the last
     step drained (``--overlap full``), t3 backward done, t4 synchronized. Forward's waits for the last
@@ -137,7 +150,8 @@ def finish_record(rec: StepRecord | None, drained, log: StepLog, cfg: TrainConfi
     they were spent in, so a run's step times still add up to its wall time."""
     if rec is None or drained is None:
         return rec
-    rec.bytes_sent, rec.bytes_recv = drained.bytes_sent, drained.bytes_recv
+    extra = rec.sync_phases.get("buffer_bytes", 0)  # --buffers: sent in the step itself, not drained
+    rec.bytes_sent, rec.bytes_recv = drained.bytes_sent + extra, drained.bytes_recv + extra
     if cfg.trace:
         rec.messages, rec.ready = drained.messages, drained.ready or None
     return write_record(rec, log, cfg)

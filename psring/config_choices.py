@@ -1,0 +1,41 @@
+"""The choices and sections of ``psring.config``'s options: the values each option may take, declared once
+(torch-free, so the launcher, the CLI and the checks read them without importing a strategy)."""
+from __future__ import annotations
+
+from . import strategies
+
+MODELS = ("cnn", "resnet18", "resnet18_narrow", "resnet50", "vit_b_16")  # train.models.MODELS (torch-free here)
+DATASETS = ("synthetic", "cifar10", "digits")
+BACKENDS = ("auto", "gloo", "nccl")
+OPTIMIZERS = ("sgd", "adam")
+PARTITIONS = ("uniform", "stratified", "random")
+CONSISTENCY = ("bsp", "ssp", "asp")
+PS_DESIGNS = ("server-optimizer", "aggregate")
+NETS = ("loopback", "emulated")
+PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
+OVERLAPS = strategies.OVERLAPS  # none | backward | full
+TUNINGS = ("auto", "probe", "off")  # sync.link_probe.TUNINGS (not imported here: it imports torch)
+# --buffers: BatchNorm running statistics and other float buffers across workers (sync/buffer_sync.py);
+# auto is the strategy's own (``Strategy.buffers``: DDP broadcasts, the others keep their own)
+BUFFERS = ("auto", "local", "broadcast", "average")
+DEFAULT_STEPS = 50  # without --steps or --epochs
+NUM_CLASSES = 10  # every bundled data set's (train.datasets.NUM_CLASSES)
+CIFAR_SIZE, IMAGENET_SIZE = 32, 224  # train.models' default input sides
+IMAGENET_MODELS = ("resnet50", "vit_b_16")
+
+# Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
+# the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.
+SECTIONS = {"run": "run", "model": "model", "data": "data", "optimizer": "optimizer",
+            "buckets": "gradient buckets and overlap", "ps": "parameter server",
+            "network": "network (--net emulated)", "compute": "compute", "measurement": "measurement",
+            "checkpoints": "checkpoints", "compression": "compression", "experiments": "experiments"}
+
+
+def owners(section: str) -> tuple[str, ...]:
+    """The strategies that read ``section`` (none: every strategy does)."""
+    return tuple(n for n in strategies.names() if section in strategies.get(n).options)
+
+
+def section_titles() -> dict[str, str]:
+    """SECTIONS' titles, each strategy-specific one naming its strategies: "parameter server (--sync ps)"."""
+    return {k: f"{t} (--sync {' | '.join(owners(k))})" if owners(k) else t for k, t in SECTIONS.items()}
