@@ -1,5 +1,5 @@
 """The ``psring`` command. Sub-commands: train, worker, server, compare, sweep (here), bench
-(``bench/cli.py``), and calibrate, plot, net cleanup (``tools.py``).
+(``bench/cli.py``), simulate (``simulate/cli.py``), and calibrate, plot, net cleanup (``tools.py``).
 
 Errors a user can fix (bad flags, unwritable output, a failed process) end with one line on stderr and a
 non-zero exit (2 for bad input, 1 for a failed run, 130 for Ctrl-C); details stay in the run's logs/.
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.set_defaults(func=cmd_sweep)
 
     add_bench_parser(sub)
+    from .simulate.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
 
     from .tools import add_tool_parsers
 

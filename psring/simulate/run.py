@@ -1,0 +1,189 @@
+"""``psring simulate``: a run's steps replayed on the flow-level network instead of run.
+
+The cluster is the one ``--net emulated`` builds: hosts of G workers (``--workers-per-host``), one host per
+dedicated PS server, every host link ``--link-rate`` each way (the servers' ``--server-link-rate``) at TCP's
+payload share, alpha per message (``--alpha-us``, default the emulated link's calibrated 205 us). Compute is
+``--compute emulated:MS`` (forward 1/3, backward 2/3), each worker's step drawn from ``--jitter`` (``none``,
+``lognormal:CV``) and stretched by ``--straggler``. The communication after backward (``--overlap none``) is the strategy's plan
+(``programs``); bulk-synchronous: a worker's next step starts once it holds this step's result.
+
+The output folder gets what a run writes, read by ``psring plot``, ``bounds`` and the notebooks unchanged:
+``config.json``, ``steps.jsonl`` (one record per worker and step, the trainer's columns) and ``summary.json``
+(``metrics.summary``'s figures, plus ``simulated: true``, the jitter and alpha).
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+from .. import costmodel as cm
+from .. import strategies
+from ..compress.spec import NONE
+from ..strategies import during_backward
+from ..config import ConfigError, TrainConfig
+from ..fileio import write_atomic
+from ..metrics.summary import finalize_run
+from .network import Network
+from .programs import PSProgram, RingProgram
+
+NO_JITTER = "none"
+DEFAULT_ALPHA_US = 205.0  # one emulated 1 Gbit link's alpha, as results/bandwidth/calibration.json measured it
+
+
+def parse_jitter(spec: str) -> tuple[str, float]:
+    """``none`` or ``lognormal:CV`` (CV >= 0, the coefficient of variation of a worker's compute time)."""
+    kind, _, cv = spec.partition(":")
+    if kind == NO_JITTER and not cv:
+        return NO_JITTER, 0.0
+    try:
+        value = float(cv)
+    except ValueError:
+        value = -1.0
+    if kind != "lognormal" or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"--jitter {spec!r}: none or lognormal:CV with CV >= 0, e.g. lognormal:0.05")
+    return kind, value
+
+
+def draw(rng: random.Random, jitter: tuple[str, float]) -> float:
+    """A factor of mean 1 from the jitter model."""
+    kind, cv = jitter
+    if kind == NO_JITTER or cv == 0:
+        return 1.0
+    sigma2 = math.log1p(cv * cv)
+    return rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
+
+
+def check(cfg: TrainConfig) -> float:
+    """The run's compute (s); one-line ``ConfigError`` for what the simulator does not replay."""
+    from ..train.emulation import parse_compute
+
+    ms = parse_compute(cfg.compute)
+    if not ms:
+        raise ConfigError(f"psring simulate needs --compute emulated:MS (got {cfg.compute}): it replays time")
+    if during_backward(cfg.overlap):
+        raise ConfigError(f"psring simulate replays --overlap none only so far (got --overlap {cfg.overlap})")
+    s = strategies.get(cfg.sync)
+    if s.servers and (cfg.ps_placement != "dedicated" or cfg.consistency != "bsp"):
+        raise ConfigError("psring simulate replays the PS with dedicated servers and BSP so far")
+    if cfg.compress != NONE:
+        raise ConfigError(f"psring simulate does not replay --compress yet (got {cfg.compress})")
+    for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
+        try:
+            if rate is not None:
+                cm.Link.from_rate(rate)
+        except ValueError as e:
+            raise ConfigError(f"{flag}: {e}") from None
+    burst_bytes(cfg.link_burst)
+    return ms / 1000
+
+
+def burst_bytes(burst: str) -> int:
+    """tbf's burst (``--link-burst``, e.g. 1mb, 128kb) in bytes; one-line ``ConfigError`` else."""
+    unit = {"kb": 1024, "mb": 2**20}.get(burst[-2:].lower())
+    if unit is None or not burst[:-2].isdigit():
+        raise ConfigError(f"--link-burst {burst!r}: kilobytes or megabytes, e.g. 128kb or 1mb")
+    return int(burst[:-2]) * unit
+
+
+def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[int]]:
+    """The network, each worker's host and each dedicated server's host."""
+    g = cfg.per_host
+    hosts = cfg.workers // g
+    servers = cfg.servers if strategies.uses_servers(cfg.sync) else 0
+    w = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+    srv = cm.Link.from_rate(cfg.server_link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps if cfg.server_link_rate else w
+    net = Network([w] * hosts + [srv] * servers, alpha_s, burst_bytes=burst_bytes(cfg.link_burst))
+    return net, [r // g for r in range(cfg.workers)], [hosts + s for s in range(servers)]
+
+
+def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
+    """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
+    from ..sync.buckets import flat_layout, param_ranges
+    from ..sync.reducer import UNTUNED_MB
+    from ..train.models import model_of
+
+    import torch
+
+    with torch.device("meta"):
+        layout = flat_layout(model_of(cfg).named_parameters())
+    itemsize = layout[0].dtype.itemsize
+    model = strategies.attr(cfg.sync, "cost_model")
+    if strategies.uses_servers(cfg.sync):
+        from ..sync.ps.sharding import default_window
+        from ..sync.ps.transport import chunk_ranges
+
+        links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
+        ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20))
+        window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
+        chunks = [(r.group, (r.end - r.start) * itemsize) for r in ranges]
+        return PSProgram(net, host_of, server_host, chunks, window, done)
+    cap = int((cfg.bucket_mb or UNTUNED_MB) * 2**20)
+    numels = [r.end - r.start for r in param_ranges(layout, cap, int(cfg.first_bucket_mb * 2**20))]
+    if model == cm.HIERARCHICAL_MODEL:
+        from ..sync.ring import chunk_sizes
+
+        g, hosts = cfg.per_host, cfg.workers // cfg.per_host
+        rings = [[h * g + lr for h in range(hosts)] for lr in range(g)]
+        slices = [[chunk_sizes(n, g)[lr] for n in numels] for lr in range(g)]
+        return RingProgram(net, host_of, rings, slices, itemsize, done)
+    if model == cm.RING_MODEL:
+        return RingProgram(net, host_of, [list(range(cfg.workers))], [numels], itemsize, done)
+    return None
+
+
+def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US) -> dict:
+    """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary."""
+    replay = Replay(cfg, check(cfg), parse_jitter(jitter), alpha_us * 1e-6)
+    replay.net.run()
+    return write_run(cfg, out, replay.records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})
+
+
+class Replay:
+    """Every worker's steps: compute (jittered), then the strategy's communication; the next step once the
+    worker holds this one's result (BSP)."""
+
+    def __init__(self, cfg: TrainConfig, compute_s: float, jitter: tuple[str, float], alpha_s: float):
+        from ..train.emulation import FORWARD_SHARE
+
+        self.cfg, self.compute_s, self.jitter, self.forward_share = cfg, compute_s, jitter, FORWARD_SHARE
+        self.net, host_of, server_host = cluster(cfg, alpha_s)
+        self.rng = random.Random(cfg.seed)
+        n = cfg.workers
+        self.records: list[list[dict]] = [[] for _ in range(n)]
+        self.began, self.backward_end, self.step = [0.0] * n, [0.0] * n, [0] * n
+        self.prog = program(cfg, self.net, host_of, server_host, self.finish)
+        for r in range(n):
+            self.begin(r)
+
+    def begin(self, r: int) -> None:
+        now = self.net.now
+        self.began[r] = now
+        slow = self.cfg.straggler_factor(r)  # --straggler RANK:FACTOR, as the trainer stretches it
+        self.backward_end[r] = now + self.compute_s * draw(self.rng, self.jitter) * slow
+        self.net.at(self.backward_end[r], lambda: self.prog.start(r) if self.prog else self.finish(r, 0.0))
+
+    def finish(self, r: int, sent: float) -> None:
+        """Worker ``r`` holds its step's result: its record, and its next step."""
+        now, c = self.net.now, self.backward_end[r] - self.began[r]
+        self.records[r].append({
+            "rank": r, "step": self.step[r], "loss": None, "step_s": now - self.began[r], "data_s": 0.0,
+            "forward_s": c * self.forward_share, "backward_s": c * (1 - self.forward_share),
+            "sync_s": now - self.backward_end[r], "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent,
+            "samples": self.cfg.batch_size, "time": now, "epoch": 0, "test_acc": None})
+        self.step[r] += 1
+        if self.step[r] < self.cfg.steps:
+            self.begin(r)
+
+
+def write_run(cfg: TrainConfig, out: Path, records: list[list[dict]], extra: dict) -> dict:
+    """The run folder a real run leaves: config.json, ranks/, steps.jsonl, summary.json (+ ``extra``)."""
+    (out / "ranks").mkdir(parents=True, exist_ok=True)
+    cfg.save(out / "config.json")
+    for r, recs in enumerate(records):
+        write_atomic(out / "ranks" / f"rank{r}.jsonl", "".join(json.dumps(x) + "\n" for x in recs))
+    summary = finalize_run(out, cfg.to_dict())
+    summary.update(extra)
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return summary

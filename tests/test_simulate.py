@@ -1,0 +1,99 @@
+"""``psring simulate`` (issue #27, first part): the flow network's sharing, the replay's bytes and plans
+from the synchronizers' own planners, its run folder read like a run's, the committed validation against
+every emulated run it replays, and bad input in one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from psring.bounds import with_bounds
+from psring.config import TrainConfig
+from psring.simulate.network import Network
+from psring.simulate.run import simulate
+
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+# link-bound runs the replay misses by more than 10%, each for the reason results/simulate/README.md gives
+KNOWN = {("models", "hierarchical", "resnet18"), ("models", "hierarchical", "resnet50"),
+         ("overlap", "ring", "resnet18"), ("compression_sync", "ring", "resnet18")}
+
+
+def test_a_downlink_is_shared_fairly_and_an_uplink_sends_in_order():
+    net, ends = Network([1e6, 1e6, 1e6]), {}
+    net.send(0, 2, 1e6, lambda: ends.setdefault("0->2", net.now))
+    net.send(1, 2, 1e6, lambda: ends.setdefault("1->2", net.now))
+    net.run()
+    assert ends == pytest.approx({"0->2": 2.0, "1->2": 2.0})
+    net, ends = Network([1e6, 1e6, 1e6]), {}
+    net.send(0, 1, 1e6, lambda: ends.setdefault("first", net.now))
+    net.send(0, 2, 1e6, lambda: ends.setdefault("second", net.now))
+    net.run()
+    assert ends == pytest.approx({"first": 1.0, "second": 2.0})
+
+
+def test_a_token_bucket_sends_its_burst_at_once_then_the_rate():
+    net, ends = Network([1e6, 1e6], burst_bytes=5e5, peak_Bps=1e9), []
+    net.send(0, 1, 1.5e6, lambda: ends.append(net.now))
+    net.run()
+    assert ends[0] == pytest.approx(1.0, abs=2e-3)  # 0.5 MB at 1 GB/s, then 1 MB at 1 MB/s
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(workers=4, model="resnet18", net="emulated", link_rate="100mbit", compute="emulated:200",
+                overlap="none", steps=3, warmup=1, batch_size=32)
+    return TrainConfig(**{**base, **kw}).validate()
+
+
+@pytest.mark.parametrize("sync,servers,folder,run_id", [
+    ("allreduce", 1, "bandwidth", "sync-allreduce_workers-4_servers-1_link_rate-100mbit"),
+    ("ps", 4, "bandwidth", "sync-ps_workers-4_servers-4_link_rate-100mbit")])
+def test_the_replay_sends_what_the_run_sent(tmp_path, sync, servers, folder, run_id):
+    """Bytes from the same planners: the ring's rounds are 2(N-1)/N*M exactly; the PS's chunks M plus the
+    run's headers (a few hundred bytes per message)."""
+    s = simulate(_cfg(sync=sync, servers=servers), tmp_path / "sim")
+    measured = json.loads((RESULTS / folder / "runs" / run_id / "summary.json").read_text())["bytes_sent_per_step"]
+    if sync == "ps":
+        assert 0.998 * measured <= s["bytes_sent_per_step"] <= measured
+    else:
+        assert s["bytes_sent_per_step"] == measured
+
+
+def test_a_simulated_run_folder_reads_like_a_run(tmp_path):
+    s = simulate(_cfg(sync="ps", servers=4, workers=8, steps=4), tmp_path / "sim", jitter="none")
+    assert s["simulated"] is True and s["steps_completed"] == 4 and s["timed_steps"] == 3
+    steps = pd.read_json(tmp_path / "sim" / "steps.jsonl", lines=True)
+    assert len(steps) == 32 and {"step_s", "sync_s", "bytes_sent", "rank"} <= set(steps.columns)
+    row = {**TrainConfig.load(tmp_path / "sim" / "config.json").to_dict(), **s}
+    b = with_bounds(pd.DataFrame([row]), m_bytes=44_695_848)
+    assert 0.95 <= b["over_bound"].iloc[0] <= 1.05  # the pipelined PS's bound
+
+
+def test_jitter_makes_bsp_wait_for_the_slowest(tmp_path):
+    even = simulate(_cfg(sync="ring", workers=8, steps=12), tmp_path / "even")
+    jittered = simulate(_cfg(sync="ring", workers=8, steps=12), tmp_path / "jit", jitter="lognormal:0.2")
+    assert jittered["step_s_p50"] > even["step_s_p50"] + 0.02  # E[max of 8 draws] > the mean
+
+
+def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
+    v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
+    done = v[(v["replayed"] == "yes") & v["link_bound"]]
+    assert len(done) >= 70, len(done)
+    out = done[(done["sync_ratio"] - 1).abs() > 0.10]
+    assert {(r.folder, r.sync, r.model) for r in out.itertuples()} <= KNOWN, out[["folder", "run_id", "sync_ratio"]]
+    for run in v.itertuples():  # every run folder it reads is in the table, and the others say why not
+        assert run.replayed == "yes" or run.replayed.startswith("no: ")
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    base = ["simulate", "--sync", "allreduce", "--workers", "4", "--compute", "emulated:100", "--overlap", "none",
+            "--out", str(tmp_path / "x")]
+    for extra, says in [(["--workers", "0"], "--workers"), (["--link-rate", "fast"], "--link-rate"),
+                        (["--jitter", "gauss:1"], "--jitter"), (["--compute", "real"], "--compute emulated"),
+                        (["--link-burst", "3x"], "--link-burst")]:
+        r = subprocess.run([sys.executable, "-m", "psring", *base, *extra], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, (extra, r.stderr)
