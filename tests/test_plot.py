@@ -46,6 +46,8 @@ EXPECTED = {
                 "full_steps-8_trace-True_warmup-3",
                 "priority_sync-ring_workers-4_servers-1_compute-emulated:5608_link_rate-100mbit_link_tuning-auto_"
                 "overlap-full_steps-8_trace-True_warmup-3"},
+    "simulate": {"validation"},
+    "models": {"models"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }

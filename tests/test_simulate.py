@@ -72,6 +72,19 @@ def test_a_simulated_run_folder_reads_like_a_run(tmp_path):
     assert 0.95 <= b["over_bound"].iloc[0] <= 1.05  # the pipelined PS's bound
 
 
+@pytest.mark.parametrize("n,rate,jitter", [(4, "100mbit", "none"), (8, "1gbit", "lognormal:0.1"),
+                                            (6, "10gbit", "lognormal:0.05")])
+def test_the_vectorized_ring_is_the_flow_replay(tmp_path, n, rate, jitter):
+    """The flat ring's numpy replay (vector.py, for thousands of workers) steps exactly as the flow model."""
+    cfg = _cfg(sync="ring", workers=n, link_rate=rate, steps=4)
+    fast = simulate(cfg, tmp_path / "fast", jitter=jitter)
+    flows = simulate(cfg, tmp_path / "flows", jitter=jitter, flows=True)
+    a = pd.read_json(tmp_path / "fast" / "steps.jsonl", lines=True)
+    b = pd.read_json(tmp_path / "flows" / "steps.jsonl", lines=True)
+    assert (a["bytes_sent"] == b["bytes_sent"]).all()
+    assert (a["step_s"] - b["step_s"]).abs().max() < 1e-6 and fast["sync_s_p50"] == pytest.approx(flows["sync_s_p50"])
+
+
 def test_jitter_makes_bsp_wait_for_the_slowest(tmp_path):
     even = simulate(_cfg(sync="ring", workers=8, steps=12), tmp_path / "even")
     jittered = simulate(_cfg(sync="ring", workers=8, steps=12), tmp_path / "jit", jitter="lognormal:0.2")
@@ -97,3 +110,11 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         r = subprocess.run([sys.executable, "-m", "psring", *base, *extra], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, (extra, r.stderr)
+
+
+def test_the_committed_speed_benchmark_meets_the_target():
+    """benchmarks/simulate_speed.py's own figures (a benchmark, not a timed test): 1,024 x 100 steps <= 60 s."""
+    doc = json.loads((RESULTS / "simulate" / "speed.json").read_text())
+    rows = {r["workers"]: r for r in doc["rows"]}
+    assert doc["target_met"] is True and rows[1024]["steps"] == 100 and rows[1024]["wall_s"] <= doc["target_s"]
+    assert [rows[n]["ms_per_simulated_step"] for n in sorted(rows)] == sorted(r["ms_per_simulated_step"] for r in rows.values())

@@ -13,6 +13,8 @@ What is drawn depends on what the folder holds:
   (step time against compute:comm per mode, each beside its bound); several models
   (``experiments/models.toml``) -> ``models`` alone (each strategy's sync time per model beside its bound,
   and over each model's M/B);
+* ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
+  sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
 * run folders whose ``steps.jsonl`` has ``test_acc`` -> ``convergence`` (accuracy vs steps and wall time,
   staleness histograms);
@@ -63,6 +65,7 @@ from .ring_steps import animate_ring_steps, figure_ring_steps, has_transfers
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
+from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
 
 FULL = OVERLAPS[2]
@@ -169,6 +172,10 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     if runs is not None and not runs.empty:
         written += _table_figures(runs, link, note, out, formats)
 
+    validation = load_validation(folder)  # psring simulate against the committed runs (results/simulate)
+    if validation is not None:
+        written += save(figure_validation(validation), out, "validation", formats)
+
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:
         written += save(figure_message_size(load_bench(b), link, calibration_note=note), out,
@@ -198,7 +205,8 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_links(d), out, _stem("links", folder, d), formats)
 
     if not written:
-        raise ValueError(f"{folder} has nothing to plot: no runs.csv, bench.csv or run folders (steps.jsonl)")
+        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv or run folders "
+                         "(steps.jsonl)")
     return written
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
+
+import numpy as np
 
 from .. import costmodel as cm
 from .. import strategies
@@ -46,13 +47,18 @@ def parse_jitter(spec: str) -> tuple[str, float]:
     return kind, value
 
 
-def draw(rng: random.Random, jitter: tuple[str, float]) -> float:
-    """A factor of mean 1 from the jitter model."""
+def compute_times(cfg: TrainConfig, compute_s: float, jitter: tuple[str, float]) -> np.ndarray:
+    """[step, rank]: each worker's forward+backward, drawn from the jitter model (mean ``compute_s``, seeded
+    by ``--seed``) and stretched by ``--straggler``."""
     kind, cv = jitter
+    shape = (cfg.steps, cfg.workers)
     if kind == NO_JITTER or cv == 0:
-        return 1.0
-    sigma2 = math.log1p(cv * cv)
-    return rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
+        factors = np.ones(shape)
+    else:
+        sigma = math.sqrt(math.log1p(cv * cv))
+        factors = np.random.default_rng(cfg.seed).lognormal(-sigma * sigma / 2, sigma, shape)
+    slow = np.array([cfg.straggler_factor(r) for r in range(cfg.workers)])
+    return compute_s * factors * slow
 
 
 def check(cfg: TrainConfig) -> float:
@@ -98,16 +104,29 @@ def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[
     return net, [r // g for r in range(cfg.workers)], [hosts + s for s in range(servers)]
 
 
-def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
-    """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
-    from ..sync.buckets import flat_layout, param_ranges
-    from ..sync.reducer import UNTUNED_MB
-    from ..train.models import model_of
-
+def layout_of(cfg: TrainConfig):
+    """The model's flat gradient layout (``buckets.flat_layout``), built on the meta device."""
     import torch
 
+    from ..sync.buckets import flat_layout
+    from ..train.models import model_of
+
     with torch.device("meta"):
-        layout = flat_layout(model_of(cfg).named_parameters())
+        return flat_layout(model_of(cfg).named_parameters())
+
+
+def bucket_numels(cfg: TrainConfig, layout) -> list[int]:
+    """The reduce family's buckets with ``--overlap none`` (``param_ranges``, as ``ReduceSync`` cuts them)."""
+    from ..sync.buckets import param_ranges
+    from ..sync.reducer import UNTUNED_MB
+
+    cap = int((cfg.bucket_mb or UNTUNED_MB) * 2**20)
+    return [r.end - r.start for r in param_ranges(layout, cap, int(cfg.first_bucket_mb * 2**20))]
+
+
+def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
+    """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
+    layout = layout_of(cfg)
     itemsize = layout[0].dtype.itemsize
     model = strategies.attr(cfg.sync, "cost_model")
     if strategies.uses_servers(cfg.sync):
@@ -119,8 +138,7 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
         window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
         chunks = [(r.group, (r.end - r.start) * itemsize) for r in ranges]
         return PSProgram(net, host_of, server_host, chunks, window, done)
-    cap = int((cfg.bucket_mb or UNTUNED_MB) * 2**20)
-    numels = [r.end - r.start for r in param_ranges(layout, cap, int(cfg.first_bucket_mb * 2**20))]
+    numels = bucket_numels(cfg, layout)
     if model == cm.HIERARCHICAL_MODEL:
         from ..sync.ring import chunk_sizes
 
@@ -133,23 +151,56 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
     return None
 
 
-def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US) -> dict:
-    """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary."""
-    replay = Replay(cfg, check(cfg), parse_jitter(jitter), alpha_us * 1e-6)
-    replay.net.run()
-    return write_run(cfg, out, replay.records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})
+def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US,
+             flows: bool = False) -> dict:
+    """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. A flat ring with
+    one worker per host runs on ``vector.VectorRing`` (no link is shared there), unless ``flows``."""
+    compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
+    if not flows and strategies.attr(cfg.sync, "cost_model") == cm.RING_MODEL and cfg.per_host == 1:
+        records = vector_records(cfg, compute, alpha_us * 1e-6)
+    else:
+        replay = Replay(cfg, compute, alpha_us * 1e-6)
+        replay.net.run()
+        records = replay.records
+    return write_run(cfg, out, records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})
+
+
+def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float) -> dict:
+    """One worker's step, with the trainer's columns."""
+    from ..train.emulation import FORWARD_SHARE
+
+    c = backward_end - began
+    return {"rank": r, "step": step, "loss": None, "step_s": now - began, "data_s": 0.0,
+            "forward_s": c * FORWARD_SHARE, "backward_s": c * (1 - FORWARD_SHARE), "sync_s": now - backward_end,
+            "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent, "samples": cfg.batch_size, "time": now,
+            "epoch": 0, "test_acc": None}
+
+
+def vector_records(cfg: TrainConfig, compute: np.ndarray, alpha_s: float) -> list[list[dict]]:
+    from .vector import VectorRing
+
+    layout = layout_of(cfg)
+    rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+    ring = VectorRing(cfg.workers, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s,
+                      burst_bytes(cfg.link_burst))
+    records: list[list[dict]] = [[] for _ in range(cfg.workers)]
+    t = np.zeros(cfg.workers)
+    for step in range(cfg.steps):
+        start = t + compute[step]
+        end, sent = ring.step(start)
+        for r in range(cfg.workers):
+            records[r].append(record(cfg, r, step, t[r], start[r], end[r], sent[r]))
+        t = end
+    return records
 
 
 class Replay:
-    """Every worker's steps: compute (jittered), then the strategy's communication; the next step once the
-    worker holds this one's result (BSP)."""
+    """Every worker's steps on the flow network: compute (``compute[step, rank]``), then the strategy's
+    communication; the next step once the worker holds this one's result (BSP)."""
 
-    def __init__(self, cfg: TrainConfig, compute_s: float, jitter: tuple[str, float], alpha_s: float):
-        from ..train.emulation import FORWARD_SHARE
-
-        self.cfg, self.compute_s, self.jitter, self.forward_share = cfg, compute_s, jitter, FORWARD_SHARE
+    def __init__(self, cfg: TrainConfig, compute: np.ndarray, alpha_s: float):
+        self.cfg, self.compute = cfg, compute
         self.net, host_of, server_host = cluster(cfg, alpha_s)
-        self.rng = random.Random(cfg.seed)
         n = cfg.workers
         self.records: list[list[dict]] = [[] for _ in range(n)]
         self.began, self.backward_end, self.step = [0.0] * n, [0.0] * n, [0] * n
@@ -158,20 +209,14 @@ class Replay:
             self.begin(r)
 
     def begin(self, r: int) -> None:
-        now = self.net.now
-        self.began[r] = now
-        slow = self.cfg.straggler_factor(r)  # --straggler RANK:FACTOR, as the trainer stretches it
-        self.backward_end[r] = now + self.compute_s * draw(self.rng, self.jitter) * slow
+        self.began[r] = self.net.now
+        self.backward_end[r] = self.net.now + float(self.compute[self.step[r], r])
         self.net.at(self.backward_end[r], lambda: self.prog.start(r) if self.prog else self.finish(r, 0.0))
 
     def finish(self, r: int, sent: float) -> None:
         """Worker ``r`` holds its step's result: its record, and its next step."""
-        now, c = self.net.now, self.backward_end[r] - self.began[r]
-        self.records[r].append({
-            "rank": r, "step": self.step[r], "loss": None, "step_s": now - self.began[r], "data_s": 0.0,
-            "forward_s": c * self.forward_share, "backward_s": c * (1 - self.forward_share),
-            "sync_s": now - self.backward_end[r], "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent,
-            "samples": self.cfg.batch_size, "time": now, "epoch": 0, "test_acc": None})
+        self.records[r].append(record(self.cfg, r, self.step[r], self.began[r], self.backward_end[r],
+                                      self.net.now, sent))
         self.step[r] += 1
         if self.step[r] < self.cfg.steps:
             self.begin(r)

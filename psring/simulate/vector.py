@@ -1,0 +1,73 @@
+"""The flat ring (``allreduce``, ``ring``; one worker per host) replayed round by round for every rank at
+once, with numpy: the same rounds as ``programs.RingProgram`` on ``network.Network``, for thousands of
+workers.
+
+In a flat ring with one worker per host, rank r's uplink carries only r -> r+1 and rank r+1's downlink only
+the same transfers, one round after the other, so no link is ever shared and the flow model reduces to a
+recurrence per round j (vectors over the ranks r)::
+
+    start  = max(in[r], in[r+1]) + alpha          # both in round j (gloo pairs the send with its receive)
+    end    = start + time(bytes[j, r], tokens[r])  # tbf: the bucket's tokens at the veth's speed, then B
+    in'[r] = max(end[r], end[r-1])                # its send and its receive arrived
+
+with the same bytes (``ring.schedule``, ``ring.chunk_sizes`` over ``buckets.param_ranges``), the same token
+bucket (refilled at B while the link idles, up to the burst; a dry bucket bursts again only from
+``network.REFILL``) and the same alpha. ``tests/test_simulate.py`` holds the two replays equal.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..sync.ring import chunk_sizes, schedule
+from .network import PEAK_BPS, REFILL
+
+
+@functools.lru_cache(maxsize=8)
+def sent_chunks(world: int) -> np.ndarray:
+    """[round, rank]: the chunk each rank sends in each of a bucket's 2(N-1) rounds (``ring.schedule``)."""
+    return np.array([[sent for _, _, sent, _ in schedule(r, world)] for r in range(world)], dtype=np.int64).T
+
+
+class VectorRing:
+    """A flat ring of ``world`` ranks, one per host, on links of ``rate_Bps`` with tbf's ``burst_bytes``."""
+
+    def __init__(self, world: int, bucket_numels: list[int], itemsize: int, rate_Bps: float, alpha_s: float,
+                 burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS):
+        self.n, self.rate, self.alpha = world, rate_Bps, alpha_s
+        self.burst, self.peak = float(burst_bytes), max(peak_Bps, rate_Bps)
+        chunks = sent_chunks(world)
+        # per bucket: [round, rank] bytes sent
+        self.rounds = [np.asarray(chunk_sizes(numel, world), dtype=np.float64)[chunks] * itemsize
+                       for numel in bucket_numels] if world > 1 else []
+        self.tokens = np.full(world, self.burst)
+        self.wet = np.full(world, self.burst > 0)
+        self.free_at = np.zeros(world)  # when each uplink last finished sending
+
+    def step(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """When each rank holds the sum of every bucket, given when each began (backward ended); and the
+        bytes each rank sent."""
+        inside = np.asarray(start, dtype=np.float64).copy()
+        sent = np.zeros(self.n)
+        for table in self.rounds:
+            sent += table.sum(axis=0)
+            for nbytes in table:
+                begin = np.maximum(inside, np.roll(inside, -1)) + self.alpha
+                end = begin + self._time(begin, nbytes)
+                self.free_at = end
+                inside = np.maximum(end, np.roll(end, 1))
+        return inside, sent
+
+    def _time(self, begin: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Each transfer's duration from ``begin`` with the uplink's tokens, which it uses up."""
+        if self.burst <= 0:
+            return nbytes / self.rate
+        self.tokens = np.minimum(self.burst, self.tokens + self.rate * np.maximum(0.0, begin - self.free_at))
+        self.wet |= self.tokens >= REFILL
+        usable = np.where(self.wet, self.tokens, 0.0)
+        at_peak = np.minimum(nbytes, usable * self.peak / (self.peak - self.rate))  # sent while tokens last
+        self.tokens = np.where(self.wet, usable - at_peak * (self.peak - self.rate) / self.peak, self.tokens)
+        self.wet &= self.tokens > 1.0
+        self.tokens = np.where(self.wet, self.tokens, np.where(at_peak > 0, 0.0, self.tokens))
+        return at_peak / self.peak + (nbytes - at_peak) / self.rate
