@@ -40,10 +40,15 @@ class RingProgram:
             self.on_host.setdefault(h, []).append(r)
 
     def start(self, rank: int) -> None:
+        """``rank``'s backward ended. A host's rings start once all its ranks are there (hierarchical: the
+        in-host reduce-scatter needs every local rank's gradients; one rank per host: at once)."""
         self.steps[rank] += 1
-        for g in self.rings:
-            if rank in g.pos:
-                g.start(rank)
+        host = self.on_host[self.host_of[rank]]
+        if all(self.steps[r] == self.steps[rank] for r in host):
+            for r in host:
+                for g in self.rings:
+                    if r in g.pos:
+                        g.start(r)
 
     def _ring_done(self, member: int) -> None:
         h = self.host_of[member]
