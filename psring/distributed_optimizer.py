@@ -102,7 +102,7 @@ class DistributedOptimizer:
             raise ConfigError(f"DistributedOptimizer: --sync {sync} wraps the model; not supported here")
         from .sync.buffer_sync import make_buffer_sync
 
-        self.buffers = make_buffer_sync(model, self.sync.buffer_mode(cfg.resolved_buffers), rank, world, cfg.timeout_s)
+        self.buffers = make_buffer_sync(model, self.sync, cfg.resolved_buffers, cfg.timeout_s)
         self.model, self.closed = model, False
         self._times = _ForwardClock(model, self.sync.clock)
         self.log = None

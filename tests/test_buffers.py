@@ -10,6 +10,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import types
 
 import pytest
 import torch
@@ -45,7 +46,8 @@ def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q) -> N
                     b.copy_(torch.arange(b.numel(), dtype=torch.float32) * (rank + 1) + i)
                 else:
                     b.fill_(7)
-        sync = make_buffer_sync(model, mode, rank, world, 30)
+        strategy = types.SimpleNamespace(rank=rank, world=world, buffer_mode=lambda m: m)  # one that leaves them
+        sync = make_buffer_sync(model, strategy, mode, 30)
         seconds, sent = sync.sync()
         q.put((rank, [b.clone() for b in model.buffers()], sent, sync.nbytes))
         if dist.is_initialized():

@@ -51,8 +51,8 @@ class Network:
         self.now = 0.0
         self.flows: list[Flow] = []
         self.timers: list = []
+        self.dirty = False  # flows started or ended, or a link's cap changed, since the rates were shared
         self._seq = itertools.count()
-        self.bytes_up = [0.0] * self.hosts  # what each host's uplink carried (for the link columns)
 
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.timers, (t, next(self._seq), fn))
@@ -62,13 +62,12 @@ class Network:
         if src == dst or nbytes <= 0:
             self.at(self.now, done)
             return
-        self.bytes_up[src] += nbytes
         flow = Flow((src, self.hosts + dst), nbytes, done)
         self.at(self.now + self.alpha, lambda: self._start(flow))
 
     def _start(self, flow: Flow) -> None:
         self.flows.append(flow)
-        self._share()
+        self.dirty = True  # re-shared once every event of this instant has run (rates only act as time moves)
 
     def _share(self) -> None:
         """Rates by progressive filling with each uplink FIFO: a host's messages leave in the order they
@@ -139,21 +138,24 @@ class Network:
                     if self.burst > 0 and self.caps[k] == self.rates[k] and u < self.rates[k] - EPS),
                    default=math.inf)
 
-    def run(self, until: float = math.inf) -> None:
-        """Advance until nothing is left to happen (or ``until``)."""
+    def run(self) -> None:
+        """Advance until nothing is left to happen."""
         while self.flows or self.timers:
+            if self.dirty:
+                self._share()
+                self.dirty = False
             used = self._used()
             t_flow = min((self.now + f.left / f.rate for f in self.flows if f.rate > 0), default=math.inf)
             t_timer = self.timers[0][0] if self.timers else math.inf
             t = min(t_flow, t_timer, self._token_event(used), self._refill_event(used))
-            if t == math.inf or t > until:
+            if t == math.inf:
                 return
             changed = self._advance(t - self.now, used)
             self.now = t
             finished = [f for f in self.flows if f.left <= EPS]
             if finished or changed:
                 self.flows = [f for f in self.flows if f not in finished]
-                self._share()
+                self.dirty = True
                 for f in finished:
                     f.done()
             while self.timers and self.timers[0][0] <= self.now:

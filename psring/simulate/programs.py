@@ -136,8 +136,7 @@ class PSProgram:
         self.workers = len(host_of)
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
         self.chunks, self.window = chunks, window
-        self.push_queue = {}  # (worker, server) -> FIFO of chunk ids to send: one connection each
-        self.link_busy = {}
+        self.connections: dict = {}  # (worker, "up"|"down", server) -> its messages, sent one after the other
         self.answered = [0] * self.workers
         self.sent = [0.0] * self.workers
         self.arrived = [0] * len(chunks)
@@ -162,17 +161,17 @@ class PSProgram:
 
     def _fifo(self, conn, src: int, dst: int, nbytes: float, then: Callable[[], None]) -> None:
         """One connection sends its messages one after the other."""
-        q = self.push_queue.setdefault(conn, [])
+        q = self.connections.setdefault(conn, [])
         q.append((src, dst, nbytes, then))
         if len(q) == 1:
             self._next(conn)
 
     def _next(self, conn) -> None:
-        src, dst, nbytes, then = self.push_queue[conn][0]
+        src, dst, nbytes, then = self.connections[conn][0]
 
         def sent():
-            self.push_queue[conn].pop(0)
-            if self.push_queue[conn]:
+            self.connections[conn].pop(0)
+            if self.connections[conn]:
                 self._next(conn)
             then()
         self.net.send(src, dst, nbytes, sent)

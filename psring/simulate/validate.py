@@ -45,11 +45,9 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     base = {"folder": folder, "run_id": row["run_id"], "sync": row["sync"], "workers": int(row["workers"]),
             "servers": int(row["servers"]), "workers_per_host": cfg.per_host, "link_rate": row.get("link_rate"),
             "model": row["model"], "sync_s": row.get("sync_s_p50"), "step_s": row.get("step_s_p50"),
-            "link_bound": not bool(row.get("cpu_saturated"))}
+            "link_bound": not (pd.notna(row.get("cpu_saturated")) and bool(row.get("cpu_saturated")))}
     try:
-        check(cfg)
-        if cfg.ps_placement != "dedicated":
-            raise ConfigError("placement")
+        check(cfg)  # what the replay does not model: one line, kept as the reason
     except ConfigError as e:
         return {**base, "replayed": f"no: {str(e).split(':')[0][:80]}"}
     s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"))

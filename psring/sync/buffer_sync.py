@@ -96,10 +96,11 @@ class BufferSync:
         return time.perf_counter() - t0, self.wire_bytes()
 
 
-def make_buffer_sync(model: nn.Module, mode: str, rank: int, world: int, timeout_s: float) -> BufferSync:
-    """The run's ``BufferSync`` (its gloo group made only where it has something to do: every rank decides
-    alike, from the same model and mode)."""
-    probe = BufferSync(model, mode, rank, world)
-    if probe.active:
-        probe.group = buffer_group(timeout_s)
-    return probe
+def make_buffer_sync(model: nn.Module, sync, buffers: str, timeout_s: float) -> BufferSync:
+    """The run's ``BufferSync`` for ``model`` attached to ``sync`` under ``--buffers`` (resolved), less what
+    the strategy does itself (``Synchronizer.buffer_mode``); its gloo group made only where it has something
+    to do (every rank decides alike, from the same model and mode)."""
+    made = BufferSync(getattr(model, "module", model), sync.buffer_mode(buffers), sync.rank, sync.world)
+    if made.active:
+        made.group = buffer_group(timeout_s)
+    return made

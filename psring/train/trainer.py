@@ -59,8 +59,7 @@ def worker_batches(cfg: TrainConfig, rank: int, world: int) -> ShardedBatches:
 def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     batches = worker_batches(cfg, rank, world)
     model, start = attach_model(cfg, sync, out)
-    buffers = make_buffer_sync(getattr(model, "module", model), sync.buffer_mode(cfg.resolved_buffers), rank, world,
-                               cfg.timeout_s)
+    buffers = make_buffer_sync(model, sync, cfg.resolved_buffers, cfg.timeout_s)
     emulated_ms = parse_compute(cfg.compute)
     emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
     test = None  # the held-out split, loaded at the first epoch end
