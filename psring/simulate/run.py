@@ -124,20 +124,26 @@ def bucket_numels(cfg: TrainConfig, layout) -> list[int]:
     return [r.end - r.start for r in param_ranges(layout, cap, int(cfg.first_bucket_mb * 2**20))]
 
 
+def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
+    """The PS's chunks, (server, bytes) in chunk order, and its window per server: what ``PSSync`` plans
+    (``transport.chunk_ranges``, ``sharding.default_window``) on the links it is told."""
+    from ..sync.ps.sharding import default_window
+    from ..sync.ps.transport import chunk_ranges
+
+    itemsize = layout[0].dtype.itemsize
+    links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
+    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20))
+    window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
+    return [(r.group, (r.end - r.start) * itemsize) for r in ranges], window
+
+
 def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
     """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
     layout = layout_of(cfg)
     itemsize = layout[0].dtype.itemsize
     model = strategies.attr(cfg.sync, "cost_model")
     if strategies.uses_servers(cfg.sync):
-        from ..sync.ps.sharding import default_window
-        from ..sync.ps.transport import chunk_ranges
-
-        links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
-        ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20))
-        window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
-        chunks = [(r.group, (r.end - r.start) * itemsize) for r in ranges]
-        return PSProgram(net, host_of, server_host, chunks, window, done)
+        return PSProgram(net, host_of, server_host, *ps_plan(cfg, layout), done)
     numels = bucket_numels(cfg, layout)
     if model == cm.HIERARCHICAL_MODEL:
         from ..sync.ring import chunk_sizes
@@ -156,8 +162,9 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. A flat ring with
     one worker per host runs on ``vector.VectorRing`` (no link is shared there), unless ``flows``."""
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    if not flows and strategies.attr(cfg.sync, "cost_model") == cm.RING_MODEL and cfg.per_host == 1:
-        records = vector_records(cfg, compute, alpha_us * 1e-6)
+    vector = None if flows else vector_of(cfg, alpha_us * 1e-6)
+    if vector is not None:
+        records = vector_records(cfg, compute, vector)
     else:
         replay = Replay(cfg, compute, alpha_us * 1e-6)
         replay.net.run()
@@ -176,21 +183,42 @@ def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: floa
             "epoch": 0, "test_acc": None}
 
 
-def vector_records(cfg: TrainConfig, compute: np.ndarray, alpha_s: float) -> list[list[dict]]:
-    from .vector import VectorRing
-
+def vector_of(cfg: TrainConfig, alpha_s: float):
+    """The numpy replay of this run, where one exists: the flat ring with one worker per host
+    (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
+    the PS with dedicated servers, one worker per host and no tbf burst (``vector_ps.VectorPS``, a fluid);
+    else None (the flow network)."""
+    model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
+    ring_like = model == cm.HIERARCHICAL_MODEL or (model == cm.RING_MODEL and cfg.per_host == 1)
+    if not ring_like and not (strategies.uses_servers(cfg.sync) and cfg.per_host == 1
+                              and burst_bytes(cfg.link_burst) == 0):
+        return None
     layout = layout_of(cfg)
     rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
-    ring = VectorRing(cfg.workers, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s,
-                      burst_bytes(cfg.link_burst))
+    if ring_like:
+        from .vector import VectorHierarchy, VectorRing
+
+        ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s,
+                          burst_bytes(cfg.link_burst))
+        return ring if model == cm.RING_MODEL else VectorHierarchy(hosts, cfg.per_host, ring)
+    from .vector_ps import VectorPS
+
+    chunks, window = ps_plan(cfg, layout)
+    srv = cm.Link.from_rate(cfg.server_link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps if cfg.server_link_rate else rate
+    return VectorPS(cfg.workers, chunks, window, rate, srv, alpha_s)
+
+
+def vector_records(cfg: TrainConfig, compute: np.ndarray, replay) -> list[list[dict]]:
+    """Every step of every worker on a numpy replay (``step(start) -> (end, sent)``, per rank or common)."""
     records: list[list[dict]] = [[] for _ in range(cfg.workers)]
     t = np.zeros(cfg.workers)
     for step in range(cfg.steps):
         start = t + compute[step]
-        end, sent = ring.step(start)
+        end, sent = replay.step(start)
+        end, sent = np.broadcast_to(end, start.shape), np.broadcast_to(sent, start.shape)
         for r in range(cfg.workers):
             records[r].append(record(cfg, r, step, t[r], start[r], end[r], sent[r]))
-        t = end
+        t = np.array(end, dtype=np.float64)
     return records
 
 

@@ -1,0 +1,59 @@
+"""The numpy replays for hundreds of workers held to the flow replay they stand in for: the PS's fluid
+(simulate/vector_ps.py) and hierarchical's rings as one over the hosts (vector.VectorHierarchy)."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from psring.config import TrainConfig
+from psring.simulate.run import simulate, vector_of
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(sync="ps", workers=4, servers=4, model="resnet18", net="emulated", link_rate="100mbit",
+                compute="emulated:3000", overlap="none", steps=4, warmup=1, batch_size=32, link_burst="0kb")
+    return TrainConfig(**{**base, **kw}).validate()
+
+
+def _both(tmp_path, cfg, jitter):
+    fast = simulate(cfg, tmp_path / "fast", jitter=jitter)
+    flows = simulate(cfg, tmp_path / "flows", jitter=jitter, flows=True)
+    return fast, flows
+
+
+@pytest.mark.parametrize("kw,jitter", [
+    (dict(), "none"), (dict(servers=1), "lognormal:0.1"), (dict(workers=8, servers=2), "lognormal:0.1"),
+    (dict(workers=8, servers=8), "lognormal:0.1"), (dict(link_rate="10gbit", compute="emulated:30"), "none")])
+def test_the_ps_fluid_steps_as_the_flow_replay(tmp_path, kw, jitter):
+    """Step within 3% and sync within 5% of the flow replay (its workers' replies leave one after the other,
+    the fluid's together), the same bytes: the same chunk plan and window."""
+    cfg = _cfg(**kw)
+    assert type(vector_of(cfg, 205e-6)).__name__ == "VectorPS"
+    fast, flows = _both(tmp_path, cfg, jitter)
+    assert fast["step_s_p50"] == pytest.approx(flows["step_s_p50"], rel=0.03)
+    assert fast["sync_s_p50"] == pytest.approx(flows["sync_s_p50"], rel=0.05)
+    assert fast["bytes_sent_per_step"] == pytest.approx(flows["bytes_sent_per_step"], rel=1e-9)
+
+
+def test_the_ps_fluid_waits_for_the_slowest_worker(tmp_path):
+    """BSP: a straggler's late pushes hold every reply back, so every worker's step stretches."""
+    even = simulate(_cfg(workers=8, servers=8), tmp_path / "even")
+    slow = simulate(_cfg(workers=8, servers=8, straggler="3:1.5"), tmp_path / "slow")
+    steps = pd.read_json(tmp_path / "slow" / "steps.jsonl", lines=True)
+    assert slow["step_s_p50"] > even["step_s_p50"] + 1.4  # + half of 3 s of compute
+    assert steps.groupby("step")["time"].nunique().max() == 1  # all hold the last reply at once
+
+
+def test_a_tbf_burst_keeps_the_ps_on_the_flow_network(tmp_path):
+    assert vector_of(_cfg(link_burst="1mb"), 205e-6) is None
+
+
+@pytest.mark.parametrize("n,g,rate,jitter,burst", [(8, 2, "100mbit", "lognormal:0.1", "1mb"),
+                                                    (16, 4, "10gbit", "none", "0kb")])
+def test_hierarchical_as_one_ring_over_the_hosts_is_the_flow_replay(tmp_path, n, g, rate, jitter, burst):
+    cfg = _cfg(sync="hierarchical", servers=1, workers=n, workers_per_host=g, link_rate=rate, link_burst=burst,
+               compute="emulated:300" if rate == "10gbit" else "emulated:3000")
+    assert type(vector_of(cfg, 205e-6)).__name__ == "VectorHierarchy"
+    fast, flows = _both(tmp_path, cfg, jitter)
+    assert fast["step_s_p50"] == pytest.approx(flows["step_s_p50"], rel=0.03)
+    assert fast["bytes_sent_per_step"] == pytest.approx(flows["bytes_sent_per_step"], rel=1e-6)
