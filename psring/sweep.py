@@ -9,7 +9,9 @@ A sweep file has up to three tables (see experiments/)::
     [fixed]            model = "cnn", steps = 30, ...                                     # every run
 
 Keys are ``psring train`` option names with ``_`` (``batch_size``, ``lr``, ...). ``servers = "N"``
-means as many servers as workers; ``servers`` only applies to ``ps`` (other strategies get one run).
+means as many servers as workers, ``"N/4"`` a quarter of them; ``servers`` only applies to ``ps`` (other
+strategies get one run). ``[sweep] simulate = true``: every run is replayed by ``psring simulate`` instead
+(any N, no root), and ``jitter``/``alpha_us`` are settings too.
 ``epochs = E`` instead of ``steps``: each run trains E epochs of its own global batch (so its baseline, one
 worker, runs N times its steps); runs.csv has both ``epochs`` and the ``steps`` they became.
 Finished runs (``runs/ID/summary.json`` with the same config) are skipped when the sweep is run again;
@@ -51,7 +53,10 @@ COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "c
 # slow machine of the N whose cost the speedup is to show (and rank 1 does not exist at N=1); and resume,
 # another run's checkpoint. Every other setting (model, data, compute, optimizer, threads, steps, seed,
 # ...) must be equal: they change what one worker computes, so they change the baseline.
-BASELINE_FREE = COMM_KEYS | {"straggler", "resume"}
+# ``psring simulate``'s own settings, allowed where ``[sweep] simulate = true`` (the sweep is replayed, not run);
+# a simulated baseline keeps its worker's mean compute whatever the jitter, so they are baseline-free too
+SIM_KEYS = frozenset({"jitter", "alpha_us"})
+BASELINE_FREE = COMM_KEYS | {"straggler", "resume"} | SIM_KEYS
 MATCHED_KEYS = CONFIG_KEYS - BASELINE_FREE - set(ID_KEYS)
 
 
@@ -68,8 +73,9 @@ def load_sweep(path: Path) -> tuple[dict, list[dict]]:
     if unknown:
         raise ConfigError(f"sweep file {path}: unknown table(s) {', '.join(sorted(unknown))}")
     grid, fixed, base = doc.get("grid", {}), doc.get("fixed", {}), doc.get("runs", [{}])
+    allowed = CONFIG_KEYS | (SIM_KEYS if doc.get("sweep", {}).get("simulate") else set())
     for where, table in [("grid", grid), ("fixed", fixed)] + [("runs", r) for r in base]:
-        bad = set(table) - CONFIG_KEYS
+        bad = set(table) - allowed
         if bad:
             raise ConfigError(f"sweep file {path}: unknown key(s) in [{where}]: {', '.join(sorted(bad))}")
     for k, v in grid.items():
@@ -131,11 +137,13 @@ def varying_keys(runs: list[dict]) -> list[str]:
 
 
 def _resolve_servers(run: dict) -> dict:
+    """``servers = "N"`` (as many as workers) or ``"N/K"`` (a K-th of them, at least one) made a number."""
     run = dict(run)
+    v = run.get("servers")
     if not strategies.uses_servers(run.get("sync", TrainConfig.sync)):
         run["servers"] = 1
-    elif run.get("servers") == "N":
-        run["servers"] = run.get("workers", 1)
+    elif isinstance(v, str) and (v == "N" or (v.startswith("N/") and v[2:].isdigit() and int(v[2:]) > 0)):
+        run["servers"] = max(1, run.get("workers", 1) // (int(v[2:]) if v != "N" else 1))
     return run
 
 
@@ -148,7 +156,8 @@ def run_id(run: dict, keys: list[str]) -> str:
 
 def make_config(run: dict, out: Path) -> TrainConfig:
     optim = OptimConfig(**{k: v for k, v in run.items() if k in OPTIM_KEYS})
-    cfg = TrainConfig(**{k: v for k, v in run.items() if k not in OPTIM_KEYS}, optim=optim, out=str(out))
+    cfg = TrainConfig(**{k: v for k, v in run.items() if k not in OPTIM_KEYS | SIM_KEYS}, optim=optim,
+                      out=str(out))
     return cfg.validate()
 
 
@@ -161,9 +170,21 @@ def _comparable(cfg: dict) -> dict:
     return out
 
 
-def is_finished(run_dir: Path, cfg: TrainConfig) -> bool:
+def sim_settings(run: dict) -> dict:
+    """A simulated run's ``jitter`` and ``alpha_us`` (``psring simulate``'s defaults where unset)."""
+    from .simulate.run import DEFAULT_ALPHA_US, NO_JITTER
+
+    return {"jitter": run.get("jitter", NO_JITTER), "alpha_us": float(run.get("alpha_us", DEFAULT_ALPHA_US))}
+
+
+def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> bool:
+    """Whether ``run_dir`` holds this config's finished run (a simulated one: with the same ``sim_settings``)."""
     try:
         done = json.loads((run_dir / "config.json").read_text())
+        if sim is not None:
+            summary = json.loads((run_dir / "summary.json").read_text())
+            if {k: summary.get(k) for k in sim} != sim:
+                return False
         now = _comparable(cfg.to_dict())
         # an option added after the run was made counts as the same when this run leaves it at its default
         defaults = _comparable(TrainConfig().to_dict())
@@ -221,28 +242,34 @@ def _fmt_s(s: float) -> str:
 
 def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataFrame:
     from .launch.launcher import LaunchError, launch
+    from .simulate.run import simulate
 
     meta, runs = load_sweep(Path(path))
+    simulated = bool(meta.get("simulate"))
+    if simulated:  # the cluster simulated is the emulated one, as psring simulate's
+        runs = [{**r, "net": "emulated"} for r in runs]
     out_dir = Path(out or Path("results") / meta.get("name", Path(path).stem))
     out_dir.mkdir(parents=True, exist_ok=True)
     keys = varying_keys(runs)
     ids = [run_id(r, keys) for r in runs]
     configs = [make_config(r, out_dir / "runs" / i) for r, i in zip(runs, ids)]  # validate all, run none yet
+    sims = [sim_settings(r) if simulated else None for r in runs]
     rows, t0, executed = [], time.monotonic(), 0
-    for i, (ident, cfg) in enumerate(zip(ids, configs), 1):
+    for i, (ident, cfg, sim) in enumerate(zip(ids, configs, sims), 1):
         run_dir = Path(cfg.out)
         row = {"run_id": ident, **flat_config(cfg)}
-        if is_finished(run_dir, cfg):
+        if is_finished(run_dir, cfg, sim):
             print(f"[{i}/{len(runs)}] {ident}: finished earlier, skipped", flush=True)
             row.update(status="ok", error="", **json.loads((run_dir / "summary.json").read_text()))
         else:
             elapsed = time.monotonic() - t0
-            todo = sum(1 for c in configs[i - 1:] if not is_finished(Path(c.out), c))
+            todo = sum(1 for c, m in zip(configs[i - 1:], sims[i - 1:]) if not is_finished(Path(c.out), c, m))
             eta = f", about {_fmt_s(elapsed / executed * todo)} left" if executed else ""
             print(f"[{i}/{len(runs)}] {ident}: running (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
             try:
                 # overwrite: only a run this sweep itself left unfinished, or ran under another config
-                row.update(status="ok", error="", **launch(cfg, echo=echo, overwrite=True))
+                row.update(status="ok", error="", **(simulate(cfg, run_dir, **sim) if simulated else
+                                                      launch(cfg, echo=echo, overwrite=True)))
             except (LaunchError, ConfigError) as e:
                 row.update(status="failed", error=str(e))
                 print(f"[{i}/{len(runs)}] {ident}: FAILED: {e}", flush=True)

@@ -102,11 +102,15 @@ def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    """Bad flags, and ``--from`` a folder that is no run or a run without a calibration (results/overlap has
+    none: its folder never calibrated its link)."""
     base = ["simulate", "--sync", "allreduce", "--workers", "4", "--compute", "emulated:100", "--overlap", "none",
             "--out", str(tmp_path / "x")]
+    uncalibrated = next((RESULTS / "overlap" / "runs").iterdir())
     for extra, says in [(["--workers", "0"], "--workers"), (["--link-rate", "fast"], "--link-rate"),
                         (["--jitter", "gauss:1"], "--jitter"), (["--compute", "real"], "--compute emulated"),
-                        (["--link-burst", "3x"], "--link-burst")]:
+                        (["--link-burst", "3x"], "--link-burst"), (["--from", str(tmp_path)], "no config.json"),
+                        (["--from", str(uncalibrated)], "no calibration.json")]:
         r = subprocess.run([sys.executable, "-m", "psring", *base, *extra], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, (extra, r.stderr)
@@ -118,3 +122,13 @@ def test_the_committed_speed_benchmark_meets_the_target():
     rows = {r["workers"]: r for r in doc["rows"]}
     assert doc["target_met"] is True and rows[1024]["steps"] == 100 and rows[1024]["wall_s"] <= doc["target_s"]
     assert [rows[n]["ms_per_simulated_step"] for n in sorted(rows)] == sorted(r["ms_per_simulated_step"] for r in rows.values())
+
+
+def test_a_run_replayed_from_its_folder_takes_its_calibrations_alpha(tmp_path):
+    run = RESULTS / "bandwidth" / "runs" / "sync-allreduce_workers-4_servers-1_link_rate-100mbit"
+    r = subprocess.run([sys.executable, "-m", "psring", "simulate", "--from", str(run), "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    alpha = json.loads((RESULTS / "bandwidth" / "calibration.json").read_text())["alpha_s"] * 1e6
+    assert s["alpha_us"] == pytest.approx(alpha) and s["workers"] == 4 and s["simulated"] is True

@@ -57,3 +57,48 @@ def test_hierarchical_as_one_ring_over_the_hosts_is_the_flow_replay(tmp_path, n,
     fast, flows = _both(tmp_path, cfg, jitter)
     assert fast["step_s_p50"] == pytest.approx(flows["step_s_p50"], rel=0.03)
     assert fast["bytes_sent_per_step"] == pytest.approx(flows["bytes_sent_per_step"], rel=1e-6)
+
+
+def test_a_simulated_sweep_replays_its_grid_with_jitter_and_quarter_servers(tmp_path):
+    """``[sweep] simulate = true``: psring sweep replays every run (jitter and alpha_us are settings, ``servers =
+    "N/4"`` a quarter of N), names runs by them, adds the N=1 baseline and skips finished runs when rerun."""
+    from psring.sweep import run_sweep
+
+    (tmp_path / "s.toml").write_text("""
+[sweep]
+name = "s"
+simulate = true
+[grid]
+workers = [8]
+jitter = ["none", "lognormal:0.2"]
+[[runs]]
+sync = "ps"
+servers = "N/4"
+[fixed]
+model = "resnet18"
+compute = "emulated:100"
+link_rate = "10gbit"
+link_burst = "0kb"
+overlap = "none"
+steps = 6
+warmup = 1
+batch_size = 8
+alpha_us = 20
+""")
+    df = run_sweep(str(tmp_path / "s.toml"), str(tmp_path / "out"))
+    assert list(df["status"]) == ["ok"] * 3 and list(df["servers"]) == [1, 2, 2]
+    ps = df[df["sync"] == "ps"].set_index("jitter")
+    assert set(ps.index) == {"none", "lognormal:0.2"} and (ps["alpha_us"] == 20).all()
+    assert ps.loc["lognormal:0.2", "step_s_p50"] > ps.loc["none", "step_s_p50"]
+    assert ps["speedup"].between(1, 8).all()
+    again = run_sweep(str(tmp_path / "s.toml"), str(tmp_path / "out"))
+    assert (again["step_s_p50"] == df["step_s_p50"]).all()
+
+
+def test_a_train_sweep_refuses_simulate_settings(tmp_path):
+    from psring.config import ConfigError
+    from psring.sweep import load_sweep
+
+    (tmp_path / "s.toml").write_text('[grid]\njitter = ["none"]\n')
+    with pytest.raises(ConfigError, match="unknown key.*jitter"):
+        load_sweep(tmp_path / "s.toml")

@@ -2,6 +2,7 @@
 
     psring simulate --sync ring --workers 64 --model resnet18 --net emulated --link-rate 10gbit \\
         --compute emulated:200 --overlap none --steps 20 --jitter lognormal:0.05 --out runs/sim-ring-64
+    psring simulate --from results/bandwidth/runs/RUN_ID --out runs/replayed   # a run, its calibration's alpha
 """
 from __future__ import annotations
 
@@ -12,20 +13,50 @@ from ..config import ConfigError
 from .run import NO_JITTER
 
 
+def calibration_of(run: Path) -> Path | None:
+    """The ``calibration.json`` of a run folder: in it, or in the results folder above it (``FOLDER/runs/ID``)."""
+    for d in (run, run.parent, run.parent.parent):
+        if (d / "calibration.json").is_file():
+            return d / "calibration.json"
+    return None
+
+
+def replay_of(run: Path, alpha_us: float | None):
+    """``--from RUN``: the run's own config and alpha (``--alpha-us``, else its calibration's); one line
+    if it has no config or no calibration."""
+    from .. import costmodel as cm
+    from ..config import TrainConfig
+
+    if not (run / "config.json").is_file():
+        raise ConfigError(f"--from {run}: no config.json there; give a run folder psring train or sweep wrote")
+    cfg = TrainConfig.load(run / "config.json")
+    if alpha_us is None:
+        cal = calibration_of(run)
+        if cal is None:
+            raise ConfigError(f"--from {run}: no calibration.json in it or its results folder; calibrate its link "
+                              f"(python -m psring.calibrate --out FOLDER) or pass --alpha-us")
+        alpha_us = cm.load_calibration(cal).alpha_s * 1e6
+    return cfg, alpha_us
+
+
 def cmd_simulate(a) -> int:
     from ..cli import config_from_args
-    from .run import parse_jitter, simulate
+    from .run import DEFAULT_ALPHA_US, parse_jitter, simulate
 
     parse_jitter(a.jitter)  # before anything else: one line for a bad model
-    if not (math.isfinite(a.alpha_us) and a.alpha_us >= 0):
+    if a.alpha_us is not None and not (math.isfinite(a.alpha_us) and a.alpha_us >= 0):
         raise ConfigError(f"--alpha-us must be a number >= 0, got {a.alpha_us}")
-    a.net = "emulated"  # the cluster simulated is the emulated one: hosts behind shaped links
-    if a.out is None:
-        a.out = f"runs/sim-{a.sync}-n{a.workers}"
+    if a.from_run:
+        cfg, alpha_us = replay_of(Path(a.from_run), a.alpha_us)
+        a.out = a.out or f"runs/sim-{Path(a.from_run).name}"
+    else:
+        a.net = "emulated"  # the cluster simulated is the emulated one: hosts behind shaped links
+        a.out = a.out or f"runs/sim-{a.sync}-n{a.workers}"
+        cfg, alpha_us = None, DEFAULT_ALPHA_US if a.alpha_us is None else a.alpha_us
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
-    s = simulate(config_from_args(a), out, a.jitter, a.alpha_us)
+    s = simulate(cfg or config_from_args(a), out, a.jitter, alpha_us)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")
     return 0
@@ -40,8 +71,12 @@ def add_simulate_parser(sub) -> None:
     p.set_defaults(out=None, func=cmd_simulate)
     p.add_argument("--jitter", default=NO_JITTER, help="each worker's compute per step: none, or lognormal:CV "
                                                     "(coefficient of variation)")
-    p.add_argument("--alpha-us", type=float, default=205.0,
-                   help="per-message latency, us (default: one emulated link's, results/bandwidth's calibration)")
+    p.add_argument("--alpha-us", type=float, default=None,
+                   help="per-message latency, us (default: one emulated link's, results/bandwidth's calibration; "
+                        "with --from, the run's own calibration)")
+    p.add_argument("--from", dest="from_run", metavar="RUN",
+                   help="replay this run folder with its own config.json (the other train flags are ignored) and "
+                        "the alpha of its calibration.json (in it or its results folder)")
     p.add_argument("--overwrite", action="store_true", help="replace a finished run in --out")
 
 

@@ -68,7 +68,7 @@ def check(cfg: TrainConfig) -> float:
     ms = parse_compute(cfg.compute)
     if not ms:
         raise ConfigError(f"psring simulate needs --compute emulated:MS (got {cfg.compute}): it replays time")
-    if during_backward(cfg.overlap):
+    if during_backward(cfg.overlap) and cfg.workers > 1 and not strategies.is_baseline(cfg.sync):
         raise ConfigError(f"psring simulate replays --overlap none only so far (got --overlap {cfg.overlap})")
     s = strategies.get(cfg.sync)
     if s.servers and (cfg.ps_placement != "dedicated" or cfg.consistency != "bsp"):
