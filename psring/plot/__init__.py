@@ -13,6 +13,8 @@ What is drawn depends on what the folder holds:
   (step time against compute:comm per mode, each beside its bound); several models
   (``experiments/models.toml``) -> ``models`` alone (each strategy's sync time per model beside its bound,
   and over each model's M/B);
+  a simulated sweep over many N (``experiments/scale.toml``) -> ``scale`` and ``scale_jitter`` alone
+  (``plot/scale.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -65,6 +67,7 @@ from .ring_steps import animate_ring_steps, figure_ring_steps, has_transfers
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
+from .scale import figure_scale, figure_scale_jitter, has_scale
 from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
 
@@ -134,6 +137,9 @@ def _compare(runs: pd.DataFrame, out: Path, formats: tuple[str, ...]) -> list[Pa
 def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tuple[str, ...]) -> list[Path]:
     """The figures of a run table (a sweep's runs.csv, or its run folders' summaries)."""
     written: list[Path] = []
+    if has_scale(runs):  # replayed from 8 to 1,024 workers (experiments/scale.toml)
+        return save(figure_scale(runs), out, "scale", formats) + save(figure_scale_jitter(runs), out,
+                                                                       "scale_jitter", formats)
     if has_models(runs):  # several models (experiments/models.toml): each strategy per model beside its bound
         return save(figure_models(runs), out, "models", formats)
     if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side

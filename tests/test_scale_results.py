@@ -1,0 +1,87 @@
+"""results/scale (``psring sweep experiments/scale.toml``, replayed): the claims of its README, read back from
+its runs.csv."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from psring.plot.scale import crossovers, jitter_cost, overtakes, scale_table
+
+FOLDER = Path(__file__).resolve().parent.parent / "results" / "scale"
+
+
+@pytest.fixture(scope="module")
+def raw() -> pd.DataFrame:
+    return pd.read_csv(FOLDER / "runs.csv")
+
+
+@pytest.fixture(scope="module")
+def runs(raw) -> pd.DataFrame:
+    return scale_table(raw)
+
+
+def test_the_whole_grid_was_replayed(raw, runs):
+    assert len(raw) == 962 and (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all()
+    # 2 models x 5 arrangements x 8 N x 3 rates x 2 jitters x 2 alphas, and the two N = 1 baselines
+    assert len(runs) == 960 and runs.groupby(["model", "arrangement"]).size().eq(96).all()
+    assert sorted(runs["workers"].unique()) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert {p.name for p in (FOLDER / "figures").iterdir()} >= {"scale.png", "scale_jitter.png"}
+
+
+def _cut(runs, **kw) -> pd.DataFrame:
+    sel = runs
+    for k, v in kw.items():
+        sel = sel[sel[k] == v]
+    return sel
+
+
+def test_one_servers_incast_is_a_constant_number_of_workers(runs):
+    s1 = _cut(runs, model="resnet50", rate_gbit=10.0, arrangement="ps S=1", jitter="none")
+    s1 = s1[s1["workers"] >= 64]
+    assert (s1["efficiency"] * s1["workers"]).between(1.18, 1.22).all()
+
+
+@pytest.mark.parametrize("alpha,n8,n1024", [(20.0, 0.057, 0.268), (205.0, 0.069, 2.16)])
+def test_the_rings_latency_term_grows_with_n(runs, alpha, n8, n1024):
+    ring = _cut(runs, model="resnet50", rate_gbit=25.0, alpha_us=alpha, arrangement="all-reduce",
+                jitter="none").set_index("workers")["sync_s_p50"]
+    assert ring[8] == pytest.approx(n8, abs=0.001) and ring[1024] == pytest.approx(n1024, rel=0.01)
+
+
+def test_where_the_ring_falls_behind_a_quarter_of_servers(raw):
+    o = overtakes(raw, "all-reduce", "ps S=N/4")
+    o = o[o["jitter"] == "none"].set_index(["model", "rate_gbit", "alpha_us"])["from_workers"]
+    want = {("resnet50", 205.0): [128, 64, 32], ("vit_b_16", 205.0): [128, 64, 16],
+            ("resnet50", 20.0): [math.nan, 1024, 256], ("vit_b_16", 20.0): [math.nan, 1024, 256]}
+    for (model, alpha), ns in want.items():
+        got = [o[(model, rate, alpha)] for rate in (10.0, 25.0, 100.0)]
+        assert all((math.isnan(a) and math.isnan(b)) or a == b for a, b in zip(got, ns)), (model, alpha, got)
+
+
+def test_hosts_of_eight_lead_until_n_16_then_the_ps_with_s_n(raw):
+    c = crossovers(raw)
+    assert (c[c["workers"] <= 16]["fastest"] == "hierarchical").all()
+    assert (c[c["workers"] >= 32]["fastest"] == "ps S=N").all()
+    assert len(c) == 2 * 3 * 2 * 2 * 8  # every N of every panel has all five arrangements
+
+
+@pytest.mark.parametrize("model,rate,lo,hi", [("resnet50", 10.0, 0.45, 0.51), ("resnet50", 25.0, 0.67, 0.72),
+                                              ("resnet50", 100.0, 0.88, 0.91), ("vit_b_16", 10.0, 0.43, 0.47),
+                                              ("vit_b_16", 25.0, 0.62, 0.68), ("vit_b_16", 100.0, 0.86, 0.90)])
+def test_the_ps_with_as_many_servers_holds_its_efficiency(runs, model, rate, lo, hi):
+    eff = _cut(runs, model=model, rate_gbit=rate, arrangement="ps S=N", jitter="none")["efficiency"]
+    assert eff.between(lo, hi).all(), eff.describe()
+
+
+def test_bsp_pays_for_jitter_where_compute_is_most_of_the_step(raw):
+    cost = jitter_cost(raw)
+    at = cost[cost["workers"] == 1024].groupby("arrangement")["cost"]
+    assert at.min()["ps S=N"] >= 1.06 and at.max()["ps S=N"] <= 1.16
+    assert at.min()["all-reduce"] >= 1.0 and at.max()["all-reduce"] <= 1.06
+    assert at.min()["ps S=1"] >= 0.995 and at.max()["ps S=1"] <= 1.005
+    s_n = cost[(cost["arrangement"] == "ps S=N") & (cost["alpha_us"] == 20)]
+    growth = s_n.groupby(["model", "rate_gbit"]).apply(lambda g: g.set_index("workers")["cost"])
+    assert (growth[1024] > growth[8]).all()  # grows with N, towards E[max of N]
