@@ -31,6 +31,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import time
 import tomllib
 from pathlib import Path
@@ -142,8 +143,11 @@ def _resolve_servers(run: dict) -> dict:
     v = run.get("servers")
     if not strategies.uses_servers(run.get("sync", TrainConfig.sync)):
         run["servers"] = 1
-    elif isinstance(v, str) and (v == "N" or (v.startswith("N/") and v[2:].isdigit() and int(v[2:]) > 0)):
-        run["servers"] = max(1, run.get("workers", 1) // (int(v[2:]) if v != "N" else 1))
+    elif isinstance(v, str):
+        k = re.fullmatch(r"N(?:/([1-9][0-9]*))?", v)
+        if k is None:
+            raise ConfigError(f'servers = "{v}": a number, "N" (as many as workers) or "N/K" (a K-th of them)')
+        run["servers"] = max(1, run.get("workers", 1) // int(k.group(1) or 1))
     return run
 
 
@@ -168,13 +172,6 @@ def _comparable(cfg: dict) -> dict:
     if "overlap" in out:
         out["overlap"] = strategies.overlap_mode(out["overlap"])
     return out
-
-
-def sim_settings(run: dict) -> dict:
-    """A simulated run's ``jitter`` and ``alpha_us`` (``psring simulate``'s defaults where unset)."""
-    from .simulate.run import DEFAULT_ALPHA_US, NO_JITTER
-
-    return {"jitter": run.get("jitter", NO_JITTER), "alpha_us": float(run.get("alpha_us", DEFAULT_ALPHA_US))}
 
 
 def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> bool:
@@ -243,6 +240,7 @@ def _fmt_s(s: float) -> str:
 def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataFrame:
     from .launch.launcher import LaunchError, launch
     from .simulate.run import simulate
+    from .simulate.sweep_runs import other_kind, sim_settings
 
     meta, runs = load_sweep(Path(path))
     simulated = bool(meta.get("simulate"))
@@ -258,7 +256,11 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataF
     for i, (ident, cfg, sim) in enumerate(zip(ids, configs, sims), 1):
         run_dir = Path(cfg.out)
         row = {"run_id": ident, **flat_config(cfg)}
-        if is_finished(run_dir, cfg, sim):
+        other = other_kind(run_dir, simulated)
+        if other:
+            row.update(status="failed", error=f"{run_dir} holds {other} run; give this sweep another --out")
+            print(f"[{i}/{len(runs)}] {ident}: FAILED: {row['error']}", flush=True)
+        elif is_finished(run_dir, cfg, sim):
             print(f"[{i}/{len(runs)}] {ident}: finished earlier, skipped", flush=True)
             row.update(status="ok", error="", **json.loads((run_dir / "summary.json").read_text()))
         else:

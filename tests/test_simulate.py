@@ -107,10 +107,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     base = ["simulate", "--sync", "allreduce", "--workers", "4", "--compute", "emulated:100", "--overlap", "none",
             "--out", str(tmp_path / "x")]
     uncalibrated = next((RESULTS / "overlap" / "runs").iterdir())
+    on_loopback = next(p for p in (RESULTS / "scaling" / "runs").iterdir() if (p / "config.json").exists())
     for extra, says in [(["--workers", "0"], "--workers"), (["--link-rate", "fast"], "--link-rate"),
                         (["--jitter", "gauss:1"], "--jitter"), (["--compute", "real"], "--compute emulated"),
                         (["--link-burst", "3x"], "--link-burst"), (["--from", str(tmp_path)], "no config.json"),
-                        (["--from", str(uncalibrated)], "no calibration.json")]:
+                        (["--from", str(uncalibrated)], "no calibration.json"),
+                        (["--from", str(on_loopback)], "no emulated links")]:
         r = subprocess.run([sys.executable, "-m", "psring", *base, *extra], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, (extra, r.stderr)

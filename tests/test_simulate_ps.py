@@ -25,8 +25,10 @@ def _both(tmp_path, cfg, jitter):
     (dict(), "none"), (dict(servers=1), "lognormal:0.1"), (dict(workers=8, servers=2), "lognormal:0.1"),
     (dict(workers=8, servers=8), "lognormal:0.1"), (dict(link_rate="10gbit", compute="emulated:30"), "none")])
 def test_the_ps_fluid_steps_as_the_flow_replay(tmp_path, kw, jitter):
-    """Step within 3% and sync within 5% of the flow replay (its workers' replies leave one after the other,
-    the fluid's together), the same bytes: the same chunk plan and window."""
+    """At N <= 8: step within 3% and sync within 5% of the flow replay, the same bytes (the same chunk plan and
+    window). Past that, with one credit per server and several chunks each, it strays further (the flow
+    replay's server answers its workers one after the other, the fluid all at once): benchmarks/fluid_check.py
+    measures by how much (results/simulate/fluid_check.csv, read back by tests/test_scale_results.py)."""
     cfg = _cfg(**kw)
     assert type(vector_of(cfg, 205e-6)).__name__ == "VectorPS"
     fast, flows = _both(tmp_path, cfg, jitter)
@@ -102,3 +104,21 @@ def test_a_train_sweep_refuses_simulate_settings(tmp_path):
     (tmp_path / "s.toml").write_text('[grid]\njitter = ["none"]\n')
     with pytest.raises(ConfigError, match="unknown key.*jitter"):
         load_sweep(tmp_path / "s.toml")
+
+
+def test_sweep_settings_that_are_no_setting_are_one_line(tmp_path):
+    from psring.config import ConfigError
+    from psring.simulate.sweep_runs import other_kind, sim_settings
+    from psring.sweep import load_sweep
+
+    for bad in ('"N/0"', '"n/4"', '"N/x"'):
+        (tmp_path / "s.toml").write_text(f'[grid]\nworkers = [8]\n[fixed]\nsync = "ps"\nservers = {bad}\n')
+        with pytest.raises(ConfigError, match="N/K"):
+            load_sweep(tmp_path / "s.toml")
+    for run, says in [({"alpha_us": -1}, "alpha_us"), ({"alpha_us": "x"}, "alpha_us"), ({"jitter": "g:1"}, "--jitter")]:
+        with pytest.raises(ConfigError, match=says):
+            sim_settings(run)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "summary.json").write_text('{"steps_completed": 3}')
+    assert other_kind(tmp_path / "r", simulated=True) == "a measured"  # a replay never overwrites a measured run
+    assert other_kind(tmp_path / "r", simulated=False) is None

@@ -67,7 +67,7 @@ from .ring_steps import animate_ring_steps, figure_ring_steps, has_transfers
 from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
-from .scale import figure_scale, figure_scale_jitter, has_scale
+from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
 from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
 
@@ -138,8 +138,9 @@ def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tupl
     """The figures of a run table (a sweep's runs.csv, or its run folders' summaries)."""
     written: list[Path] = []
     if has_scale(runs):  # replayed from 8 to 1,024 workers (experiments/scale.toml)
-        return save(figure_scale(runs), out, "scale", formats) + save(figure_scale_jitter(runs), out,
-                                                                       "scale_jitter", formats)
+        jittered = not jitter_cost(runs).query("rate_gbit == 25 and alpha_us == 20").empty
+        return save(figure_scale(runs), out, "scale", formats) + \
+            (save(figure_scale_jitter(runs), out, "scale_jitter", formats) if jittered else [])
     if has_models(runs):  # several models (experiments/models.toml): each strategy per model beside its bound
         return save(figure_models(runs), out, "models", formats)
     if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side

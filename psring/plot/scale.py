@@ -16,13 +16,14 @@ import numpy as np
 import pandas as pd
 
 from ..bounds import is_num, per_host
+from ..costmodel import Link
 from ..strategies import is_baseline, uses_servers
 from .common import new_figure
 
 NO_JITTER = "none"
 ALPHAS = {20.0: "-", 205.0: "--"}  # alpha_us: line style
 STYLE = {"ps S=1": ("tab:red", "v"), "ps S=N/4": ("tab:orange", "s"), "ps S=N": ("tab:brown", "o"),
-         "all-reduce": ("tab:blue", "^"), "hierarchical": ("tab:green", "D")}
+         "all-reduce": ("tab:blue", "^"), "hierarchical G=8": ("tab:green", "D")}
 
 
 def _order(name: str) -> int:
@@ -30,17 +31,18 @@ def _order(name: str) -> int:
 
 
 def has_scale(runs: pd.DataFrame) -> bool:
-    """A simulated sweep over many N (``experiments/scale.toml``)."""
-    return "simulated" in runs and runs["simulated"].fillna(False).astype(bool).any() and \
+    """A replayed sweep over many N with the settings these figures split on (``experiments/scale.toml``)."""
+    need = {"simulated", "jitter", "alpha_us", "link_rate", "model", "efficiency"}
+    return need <= set(runs.columns) and runs["simulated"].fillna(False).astype(bool).any() and \
         runs["workers"].nunique() >= 4
 
 
 def arrangement(row) -> str:
-    """``ps S=1`` / ``ps S=N/4`` / ``ps S=N`` (servers relative to N), ``all-reduce``, ``hierarchical``."""
+    """``ps S=1`` / ``ps S=N/4`` / ``ps S=N`` (servers relative to N), ``all-reduce``, ``hierarchical G=8``."""
     if uses_servers(row["sync"]):
         n, s = int(row["workers"]), int(row["servers"])
         return "ps S=N" if s == n else "ps S=1" if s == 1 else f"ps S=N/{n // s}"
-    return "hierarchical" if per_host(row) > 1 else "all-reduce"
+    return f"hierarchical G={per_host(row)}" if per_host(row) > 1 else "all-reduce"
 
 
 def scale_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -48,7 +50,7 @@ def scale_table(runs: pd.DataFrame) -> pd.DataFrame:
     df = runs[(runs["workers"] > 1) & ~runs["sync"].map(is_baseline)]
     df = df[df["status"] == "ok"].copy() if "status" in df else df.copy()
     df["arrangement"] = [arrangement(r) for _, r in df.iterrows()]
-    df["rate_gbit"] = df["link_rate"].str.replace("gbit", "", regex=False).astype(float)
+    df["rate_gbit"] = [Link.from_rate(r, 0.0).bandwidth_Bps * 8 / 1e9 for r in df["link_rate"]]
     df["alpha_us"] = df["alpha_us"].astype(float)
     return df.sort_values(["model", "rate_gbit", "workers"]).reset_index(drop=True)
 

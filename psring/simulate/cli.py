@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def replay_of(run: Path, alpha_us: float | None):
     if not (run / "config.json").is_file():
         raise ConfigError(f"--from {run}: no config.json there; give a run folder psring train or sweep wrote")
     cfg = TrainConfig.load(run / "config.json")
+    if cfg.net != "emulated":
+        raise ConfigError(f"--from {run}: a --net {cfg.net} run has no emulated links to replay; give an emulated one")
     if alpha_us is None:
         cal = calibration_of(run)
         if cal is None:
@@ -49,6 +52,7 @@ def cmd_simulate(a) -> int:
     if a.from_run:
         cfg, alpha_us = replay_of(Path(a.from_run), a.alpha_us)
         a.out = a.out or f"runs/sim-{Path(a.from_run).name}"
+        cfg = dataclasses.replace(cfg, out=a.out).validate()
     else:
         a.net = "emulated"  # the cluster simulated is the emulated one: hosts behind shaped links
         a.out = a.out or f"runs/sim-{a.sync}-n{a.workers}"
@@ -56,7 +60,7 @@ def cmd_simulate(a) -> int:
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
-    s = simulate(cfg or config_from_args(a), out, a.jitter, alpha_us)
+    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")
     return 0

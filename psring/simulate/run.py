@@ -159,8 +159,8 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
 
 def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US,
              flows: bool = False) -> dict:
-    """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. A flat ring with
-    one worker per host runs on ``vector.VectorRing`` (no link is shared there), unless ``flows``."""
+    """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. On a numpy replay
+    where ``vector_of`` has one, unless ``flows`` (the flow network always)."""
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
     vector = None if flows else vector_of(cfg, alpha_us * 1e-6)
     if vector is not None:

@@ -17,8 +17,13 @@ every worker a point on one line:
 
 Time moves in ticks of an eighth of the smallest chunk's push with every worker pushing (a worker waiting at a
 gate that opens inside a tick moves for the rest of it; ``R`` and ``E`` are interpolated inside their tick),
-and jumps over stretches in which nothing moves (compute). ``tests/test_simulate.py`` holds it to the flow replay.
-Without tbf's burst: a real cluster's switch has none (``--link-burst 0kb``).
+and jumps over stretches in which nothing moves (compute). Without tbf's burst: a switch has none (``--link-burst 0kb``).
+
+How close it stays to the flow replay (``benchmarks/fluid_check.py`` -> ``results/simulate/fluid_check.csv``,
+ResNet-50, N = 8-32): S = N within 1% of the step at 10 and 25 Gbit/s, 4% fast at 100 Gbit/s (its sync 0.68-0.71x);
+S = N/4, where one credit per server meets several chunks per server, 1.01-1.20x the step (sync up to 1.27x): a
+server's FIFO answers its workers one after the other, so the first ones push their next chunk while the rest wait,
+where the fluid lets every worker have the reply at once. ``tests/test_simulate_ps.py`` holds it to 3% at N <= 8.
 """
 from __future__ import annotations
 

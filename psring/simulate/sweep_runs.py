@@ -1,0 +1,29 @@
+"""What ``psring sweep`` needs to replay a grid (``[sweep] simulate = true``): each run's own simulator
+settings, and the guard that keeps replayed and measured runs from overwriting each other."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..config import ConfigError
+from .run import DEFAULT_ALPHA_US, NO_JITTER, parse_jitter
+
+
+def sim_settings(run: dict) -> dict:
+    """A simulated run's ``jitter`` and ``alpha_us`` (``psring simulate``'s defaults where unset)."""
+    jitter, alpha = run.get("jitter", NO_JITTER), run.get("alpha_us", DEFAULT_ALPHA_US)
+    parse_jitter(str(jitter))  # one line for a bad model
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < math.inf:
+        raise ConfigError(f"alpha_us = {alpha!r}: a number of microseconds >= 0")
+    return {"jitter": jitter, "alpha_us": float(alpha)}
+
+
+def other_kind(run_dir: Path, simulated: bool) -> str | None:
+    """What ``run_dir`` holds if it is a finished run of the other kind (measured where this sweep replays,
+    replayed where it measures): neither may overwrite the other."""
+    try:
+        done = bool(json.loads((run_dir / "summary.json").read_text()).get("simulated"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return None if done == simulated else ("a replayed" if done else "a measured")
