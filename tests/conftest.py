@@ -3,6 +3,7 @@ make sure no process of a test's run survives the test, whatever happened in it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -15,6 +16,59 @@ import pytest
 
 # Tests run the suite's processes on loopback; keep torch from oversubscribing the 2-core CI machine.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The suite runs on two pytest-xdist workers (pyproject's addopts: -n 2 --dist loadfile), a test file at a
+# time on one worker, so that a module-scoped fixture (test_equivalence's 23 trainings, the `reference`
+# runs it lends to other modules) runs once. These modules build emulated networks (namespaces, veth pairs,
+# tc qdiscs), diff `ip netns list` before and after a run (no_new_namespaces), clean up every psring
+# namespace and measure link rates: they are one unit, one test at a time on one worker.
+NET_MODULES = {"test_net.py", "test_emulated_run.py", "test_big_models_emulated.py", "test_multinode.py",
+               "test_topology.py", "test_ps_schedule.py"}
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile with NET_MODULES as one unit, scheduled first (the longest). Done here, on test ids,
+    because xdist's own grouping (--dist loadgroup) does not group on pytest >= 9.2 (pytest-xdist#1386)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class NetAsOneFile(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "net" if Path(path).name in NET_MODULES else path
+
+        def _assign_work_unit(self, node) -> None:
+            if "net" in self.workqueue:  # the longest unit: first, not at the tail
+                self.workqueue.move_to_end("net", last=False)
+            super()._assign_work_unit(node)
+
+    return NetAsOneFile(config, log)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: a measurement that needs the machine to itself: under xdist, "
+                                       "the other workers finish their current test and wait while it runs")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist every test holds the machine shared, from its setup (module fixtures included) to its
+    teardown; an ``alone`` test holds it exclusively, and once it waits no other test starts (the gate)."""
+    base = item.config.option.basetemp  # a worker's: <this run's root>/popen-gwN
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not base:
+        yield
+        return
+    alone = item.get_closest_marker("alone") is not None
+    mode = fcntl.LOCK_EX if alone else fcntl.LOCK_SH
+    root = Path(base).parent
+    with open(root / "machine.gate", "a") as gate, open(root / "machine.lock", "a") as machine:
+        fcntl.flock(gate, mode)
+        fcntl.flock(machine, mode)
+        if not alone:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -110,6 +164,40 @@ def psring(tmp_path):
     runner = Psring(tmp_path)
     yield runner
     runner.reap()
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """``reference(n)``: the parameters single-process training on the global batch ends with (``none`` at
+    N=1 on batch n*B, test_equivalence's settings), the model every synchronizer at N=n must match. Trained
+    once per n for the whole run: test_equivalence, test_ring, test_ddp_compress, test_ps_schedule and
+    test_topology all ask, and under xdist the first worker to ask for an n trains it into the workers'
+    shared temporary folder while a worker asking at the same time waits on its lock."""
+    import torch
+    from test_equivalence import B, train_args
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: this run's root
+    cache = {}
+
+    def get(n: int) -> dict:
+        if n not in cache:
+            model = shared / f"reference-n{n}.pt"
+            with open(shared / f"reference-n{n}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                if not model.exists():
+                    tmp = tmp_path_factory.mktemp(f"ref{n}")
+                    runner = Psring(tmp)
+                    try:
+                        r = runner.run(*train_args(tmp / "run", "none", 1, batch=n * B))
+                        assert r.returncode == 0, r.stderr
+                    finally:
+                        runner.reap()
+                    (tmp / "run" / "model.pt").rename(model)
+            cache[n] = torch.load(model)
+        return cache[n]
+
+    return get
 
 
 def wait_for(cond, timeout: float, what: str, interval: float = 0.1):

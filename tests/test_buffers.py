@@ -29,7 +29,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q) -> None:
+def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q, received) -> None:
     import torch.distributed as dist
     from torch import nn
 
@@ -50,6 +50,8 @@ def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q) -> N
         sync = make_buffer_sync(model, strategy, mode, 30)
         seconds, sent = sync.sync()
         q.put((rank, [b.clone() for b in model.buffers()], sent, sync.nbytes))
+        # the tensors travel as file descriptors this process hands out: stay until the test has them
+        received.wait(60)
         if dist.is_initialized():
             dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - reported to the test
@@ -58,13 +60,15 @@ def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q) -> N
 
 def _agree(mode: str, world: int, dist_first: bool) -> dict:
     ctx = mp.get_context("spawn")
-    q, port = ctx.Queue(), _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, mode, dist_first, q)) for r in range(world)]
+    q, received, port = ctx.Queue(), ctx.Event(), _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, mode, dist_first, q, received))
+             for r in range(world)]
     for p in procs:
         p.start()
     try:
         got = dict((r, rest) for r, *rest in (q.get(timeout=60) for _ in procs))
     finally:
+        received.set()
         for p in procs:
             p.join(10)
             if p.is_alive():

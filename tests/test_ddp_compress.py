@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from test_equivalence import B, STEPS, max_rel_diff, reference, train_args  # noqa: F401 - reference: fixture
+from test_equivalence import B, STEPS, max_rel_diff, train_args
 
 from psring.train.models import build_model
 

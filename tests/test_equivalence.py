@@ -20,27 +20,6 @@ def max_rel_diff(a: dict, b: dict) -> float:
     return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in a)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    from conftest import Psring
-
-    cache = {}
-
-    def get(n):
-        if n not in cache:
-            tmp = tmp_path_factory.mktemp(f"ref{n}")
-            runner = Psring(tmp)
-            try:
-                r = runner.run(*train_args(tmp / "run", "none", 1, batch=n * B))
-                assert r.returncode == 0, r.stderr
-                cache[n] = torch.load(tmp / "run" / "model.pt")
-            finally:
-                runner.reap()
-        return cache[n]
-
-    return get
-
-
 SMALL_BUCKETS = ("--bucket-mb", "0.1", "--first-bucket-mb", "0.01")  # many buckets, launched mid-backward
 
 

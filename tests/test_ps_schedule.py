@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_equivalence import max_rel_diff, reference, train_args  # noqa: F401 - reference is a fixture
+from test_equivalence import max_rel_diff, train_args
 
 from psring.costmodel import ps as ps_model
 from psring.net import NetError, check_available
@@ -72,7 +72,7 @@ def test_pipelined_bound_lies_between_the_line_rate_and_the_sequential_formula()
 @pytest.mark.parametrize("n,s,extra", [
     (3, 2, ("--ps-window", "1", "--bucket-mb", "0.05")),  # one chunk at a time per server, many chunks
 ])
-def test_windowed_ps_matches_single_process(psring, tmp_path, reference, n, s, extra):  # noqa: F811
+def test_windowed_ps_matches_single_process(psring, tmp_path, reference, n, s, extra):
     r = psring.run(*train_args(tmp_path / "run", "ps", n, s, extra=extra))
     assert r.returncode == 0, r.stderr
     diff = max_rel_diff(torch.load(tmp_path / "run" / "model.pt"), reference(n))
@@ -80,7 +80,7 @@ def test_windowed_ps_matches_single_process(psring, tmp_path, reference, n, s, e
 
 
 def test_ps_on_an_emulated_link_fits_chunks_splits_one_servers_tensors_and_matches(psring, tmp_path,
-                                                                                  reference):  # noqa: F811
+                                                                                  reference):
     try:
         check_available()
     except NetError as e:

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 import torch
 import torch.multiprocessing as mp
-from test_equivalence import SMALL_BUCKETS, max_rel_diff, reference, train_args  # noqa: F401 - a fixture
+from test_equivalence import SMALL_BUCKETS, max_rel_diff, train_args
 
 TOL = 1e-5
 JOIN_S = 60  # per process; gloo's own timeout (below) fails a stuck transfer well before

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from test_emulated_run import grad_bytes, needs_net, no_new_namespaces  # noqa: F401 (a fixture)
-from test_equivalence import SMALL_BUCKETS, TOL, max_rel_diff, reference, train_args  # noqa: F401 (a fixture)
+from test_equivalence import SMALL_BUCKETS, TOL, max_rel_diff, train_args
 
 from psring.sync.ps.sharding import plan_chunks
 from psring.topology import server_shares
