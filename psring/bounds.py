@@ -19,7 +19,8 @@ B is the emulated rate at TCP's payload share (``costmodel.TCP_GOODPUT``), alpha
 A whole step has a bound of its own in the run's ``--overlap`` mode (``step_bound_s``, from
 ``overlap_model.step_bound``): forward and backward from ``--compute emulated:MS`` (split as the
 emulation splits it), the communication the sync bound above, readiness and per-layer forward time in
-proportion to the model's parameters, as the emulation has them.
+proportion to the model's parameters, as the emulation has them, and the workers' own optimizer update as
+the run measured it (``update_s_p50``: the reduce family's; the PS's servers update, its workers' is 0).
 Example::
 
     runs = with_bounds(pd.read_csv("results/bandwidth/runs.csv"), alpha_s=2e-4)
@@ -151,7 +152,9 @@ def row_param_bytes(row) -> tuple[int, ...]:
 
 
 def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
-    """The bound of a whole step in the row's overlap mode; NaN without emulated compute or a sync bound."""
+    """The bound of a whole step in the row's overlap mode, given its emulated compute, its links and its
+    workers' own update as the run measured it (``update_s_p50``; 0 for the PS, whose servers update);
+    NaN without emulated compute or a sync bound."""
     from .train.emulation import FORWARD_SHARE, parse_compute
 
     comm = bound_s(row, m_bytes, alpha_s)
@@ -159,9 +162,9 @@ def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     ms = parse_compute(spec) if isinstance(spec, str) and spec else None
     if not ms or not is_num(comm) or not isinstance(row.get("model"), str):
         return math.nan
-    compute_s = ms / 1000
+    compute_s, update = ms / 1000, row.get("update_s_p50")
     return step_bound(overlap_of(row), list(row_param_bytes(row)), compute_s * FORWARD_SHARE,
-                      compute_s * (1 - FORWARD_SHARE), comm)
+                      compute_s * (1 - FORWARD_SHARE), comm, update_s=float(update) if is_num(update) else 0.0)
 
 
 def per_host(row) -> int:

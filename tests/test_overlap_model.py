@@ -36,6 +36,21 @@ def test_full_overlap_hides_a_link_much_faster_than_compute_and_no_more():
     assert step_bound("full", SIZES, 1.0, 2.0, 30.0) == pytest.approx(30.0 + 1.0 * SIZES[-1] / sum(SIZES), rel=0.05)
 
 
+@pytest.mark.parametrize("comm", [0.5, 3.0])
+def test_the_workers_own_update_is_added_once_in_every_mode(comm):
+    """The update (the reduce family's optimizer step on the trainer's thread) is compute no schedule hides:
+    after everything in ``none`` and ``backward``; in ``full`` each unit's share just before its layer, so
+    it costs the whole update where the link is fast and at most that where the next forward waits anyway."""
+    u = 0.25
+    for mode in ("none", "backward"):
+        assert step_bound(mode, SIZES, 1.0, 2.0, comm, update_s=u) == pytest.approx(
+            step_bound(mode, SIZES, 1.0, 2.0, comm) + u)
+    fast, with_u = step_bound("full", SIZES, 1.0, 2.0, 1e-9), step_bound("full", SIZES, 1.0, 2.0, 1e-9, update_s=u)
+    assert with_u == pytest.approx(fast + u)
+    slow = step_bound("full", SIZES, 1.0, 2.0, comm)
+    assert slow <= step_bound("full", SIZES, 1.0, 2.0, comm, update_s=u) <= slow + u + 1e-12
+
+
 def test_priority_serves_the_front_of_the_model_first():
     ready = ready_times([1, 1, 1], 3.0)  # the last layer's gradient first
     assert ready == [3.0, 2.0, 1.0]
@@ -62,5 +77,7 @@ def test_bounds_put_a_run_beside_the_bound_of_its_own_overlap_mode():
     assert out["step_bound_s"].iloc[3] == out["step_bound_s"].iloc[0]  # an old table's overlap = False
     assert out["step_bound_s"].iloc[0] > out["step_bound_s"].iloc[1] >= out["step_bound_s"].iloc[2]
     assert (out["step_over_bound"] == 1.0 / out["step_bound_s"]).all()
+    updated = bounds.with_bounds(runs.assign(update_s_p50=0.05), m_bytes=m)  # the run's own update
+    assert updated["step_bound_s"].iloc[0] == pytest.approx(0.6 + comm + 0.05)
     real = bounds.with_bounds(runs.assign(compute="real"), m_bytes=m)
     assert real["step_bound_s"].map(math.isnan).all()  # no emulated compute: no step bound

@@ -65,14 +65,18 @@ def test_full_beats_backward(runs):
 
 
 def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
-    """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2, every
-    full point 1.10-1.25x, the reduce family's updates 3-4% of a step."""
+    """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2; the
+    reduce family's full points 1.08-1.09x with its updates (3-4% of a step) in the bound, 1.10-1.12x
+    without them; the PS's full points 1.12-1.24x."""
     g = at(runs, link_rate="1gbit")
     back = at(g, overlap="backward")
     assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
-    assert g[g["overlap"] == "full"]["step_over_bound"].between(1.10, 1.25).all()
-    reduce = g[(g["sync"] != "ps")]
-    assert (reduce["update_s_p50"] / reduce["step_bound_s"]).between(0.015, 0.05).all()
+    full = at(g, overlap="full")
+    reduce, ps = full[full["sync"] != "ps"], full[full["sync"] == "ps"]
+    assert reduce["step_over_bound"].between(1.07, 1.10).all() and ps["step_over_bound"].between(1.11, 1.25).all()
+    unupdated = with_bounds(reduce.drop(columns=["step_bound_s", "step_over_bound"]).assign(update_s_p50=0.0))
+    assert unupdated["step_over_bound"].between(1.10, 1.12).all()
+    assert (g[g["sync"] != "ps"]["update_s_p50"] / g[g["sync"] != "ps"]["step_bound_s"]).between(0.015, 0.05).all()
 
 
 def test_repeats_put_the_ps_gain_and_the_n8_points_in_their_spread():
