@@ -94,3 +94,18 @@ def test_the_pss_no_overlap_points_with_the_rate_hidden_stay_at_their_bound():
     assert (hidden["status"] == "ok").all() and (hidden["link_tuning"] == "probe").all()
     bound = hidden[hidden["link_bound"]]
     assert len(bound) == 10 and (bound["over_bound"] <= 1.10).all(), bound[["workers", "servers", "over_bound"]]
+
+
+def test_the_ps_at_n8_with_full_sits_at_its_target_and_is_not_cpu_bound():
+    """results/overlap_ps8's README: the default credits 1.096-1.104x (median 1.103) in three draws, four chunks
+    no faster (median 1.130), and the same point at 50 Mbit 1.09x with half the CPU."""
+    df = table("overlap_ps8")
+    assert (df["status"] == "ok").all() and not df["cpu_saturated"].astype(bool).any() and len(df) == 8
+    fast = at(df, link_rate="100mbit")
+    default, four = fast[fast["ps_credit_mb"].isna()], fast[fast["ps_credit_mb"] == 0.435]
+    assert len(default) == len(four) == 3
+    assert default["step_over_bound"].between(1.09, 1.105).all() and 1.10 <= default["step_over_bound"].median() < 1.105
+    assert four["step_over_bound"].median() > default["step_over_bound"].median()
+    half = at(df, link_rate="50mbit")
+    assert len(half) == 2 and half["step_over_bound"].between(1.08, 1.10).all()
+    assert half["cpu_util_sync"].max() < default["cpu_util_sync"].min()
