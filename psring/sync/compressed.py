@@ -9,7 +9,7 @@ every reducer instead of being written into each.
   gradients inside fp16's range: "Apply the division first to avoid overflow, especially for FP16"
   (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, ``fp16_compress_hook``).
 * sparse and 1-bit codecs (topk, randomk, onebit): encodings cannot be summed chunk by chunk, so every
-  rank's encoding is all-gathered (each part with ``all_gather_into_tensor``: every rank's parts have
+  rank's encoding is all-gathered (each part with a flat all-gather: every rank's parts have
   the same sizes for these codecs) and every rank decodes the N encodings and sums them, in rank order
   (so every rank holds the same sum, bit for bit). This runs on the comm thread, so backward goes on.
   Bytes per worker: (N - 1) encodings sent and received (a ring all-gather), growing with N where a
@@ -24,12 +24,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..compress import CodecState, Encoded, parse
 from .buckets import Bucket
-from .process_group import ProcessGroupInfo
+from .process_group import ALL_GATHER, ProcessGroupInfo
 from .reducer import CommThread, Handle, Reducer
 
 STATE_KEY = "compress"  # this reducer's entry in a checkpoint's sync state
@@ -78,7 +77,7 @@ class Wrapped(Reducer):
         """Every rank's ``t`` as rows (world x numel), on the CPU: a collective (gloo: a flat output)."""
         mine = t.detach().contiguous()
         out = torch.empty(self.world * mine.numel(), dtype=mine.dtype, device=mine.device)
-        dist.all_gather_into_tensor(out, mine, group=self.pg.group)
+        ALL_GATHER(out, mine, group=self.pg.group)
         return out.view(self.world, -1).cpu()
 
     def close(self) -> None:
@@ -134,7 +133,7 @@ class CompressedReducer(Wrapped):
         gathered = {}
         for name, part in enc.parts.items():
             out = torch.empty(self.world * part.numel(), dtype=part.dtype, device=part.device)
-            dist.all_gather_into_tensor(out, part.contiguous(), group=self.pg.group)
+            ALL_GATHER(out, part.contiguous(), group=self.pg.group)
             gathered[name] = out.view(self.world, -1)
         numel = bucket.flat.numel()
         total = torch.zeros(numel, dtype=torch.float32, device=bucket.flat.device)

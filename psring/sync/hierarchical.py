@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ..topology import cross_groups, host_groups
 from .allreduce import ring_bytes_per_worker
 from .buckets import Bucket
-from .process_group import ProcessGroupInfo
+from .process_group import ALL_GATHER, REDUCE_SCATTER, ProcessGroupInfo
 from .reducer import FutureHandle, Reducer
 from .ring import _on_device
 
@@ -74,13 +74,13 @@ class HierarchicalAllReduce(Reducer):
         part = buf.new_empty(buf.numel() // g)
         with _on_device(self.device):
             if g > 1:
-                self._timed(bucket, 0, lambda: dist.reduce_scatter_single(part, buf, group=self.host_group))
+                self._timed(bucket, 0, lambda: REDUCE_SCATTER(part, buf, group=self.host_group))
             else:
                 part = buf
             if self.hosts > 1:
                 self._timed(bucket, 1, lambda: dist.all_reduce(part, group=self.cross_group))
             if g > 1:
-                self._timed(bucket, 2, lambda: dist.all_gather_single(buf, part, group=self.host_group))
+                self._timed(bucket, 2, lambda: ALL_GATHER(buf, part, group=self.host_group))
         if pad:
             flat.copy_(buf[:flat.numel()])
 

@@ -18,6 +18,11 @@ import torch.distributed as dist
 
 from ..topology import DEVICE_ENV
 
+# The flat collectives: torch 2.13 names them *_single and deprecates *_tensor, the only names torch 2.5-2.12
+# have (a lent GPU's torch 2.11 raised AttributeError on *_single).
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 @dataclass
 class ProcessGroupInfo:
