@@ -147,7 +147,7 @@ steps = 30
 num_samples = 4096
 EOF
 rm -rf "$OUT/steps"
-bounded steps 260 "$VENV/bin/psring" sweep "$OUT/steps.toml" --out "$OUT/steps" > "$OUT/steps.log" 2>&1
+bounded steps 300 "$VENV/bin/psring" sweep "$OUT/steps.toml" --out "$OUT/steps" > "$OUT/steps.log" 2>&1
 
 # --- 4. README.md (reads rank 0's model.pt for its device, then the models go: 45 MB each) ----------------
 # Outside the budget: whatever ran out of time, the README says what ran.

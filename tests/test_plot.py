@@ -48,13 +48,14 @@ EXPECTED = {
                 "overlap-full_steps-8_trace-True_warmup-3"},
     "simulate": {"validation"},
     "models": {"models"},
+    "gpu": {"breakdown"},  # several models, but on loopback: no link to bound them (has_models)
     "scale": {"scale", "scale_jitter"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }
 # Folders whose figure types all write SVG elsewhere (test_ring_steps, test_ps_step, test_svg_of_links_and_compare,
 # and the other folders' timelines, speedup and breakdown): PNG only, for the suite's time
-PNG_ONLY = {"visible", "compare_emulated", "overlap", "overlap_ps8", "scale"}
+PNG_ONLY = {"visible", "compare_emulated", "overlap", "overlap_ps8", "scale", "gpu"}
 # Animations beside their figures (the rest of a folder's figures are PNG and SVG only)
 GIFS = {"visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
                     "ps_step_sync-ps_workers-4_servers-4_straggler-None"}}
