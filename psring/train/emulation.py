@@ -85,8 +85,8 @@ class EmulatedCompute:
             for p, share in zip(self.params, self.shares):
                 gate([p])
                 due = max(due, time.perf_counter()) + forward_s * share
-                if due - time.perf_counter() > 1e-3:
-                    time.sleep(due - time.perf_counter())
+                if (left := due - time.perf_counter()) > 1e-3:  # (one reading: a second could be past due)
+                    time.sleep(left)
             time.sleep(max(0.0, due - time.perf_counter()))
         backward_s = self.compute_s * (1 - FORWARD_SHARE) * factor
         # built in registration order: autograd runs the newest node first, i.e. the last parameters'
