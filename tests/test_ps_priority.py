@@ -96,3 +96,26 @@ def test_ack_reply_helpers_do_not_leak():
         req = c.send(0, {"op": "pushpull", "step": 0, "ack": True}, [("k", torch.ones(2))])
         c.recv(0, req)  # takes the ack on the way to the reply
         assert c.received(0, req) and not c.acks[0]
+
+
+def test_a_hook_hands_over_every_chunk_it_completes_before_the_scheduler_looks():
+    """One parameter can complete several chunks at once (ResNet-18's 9.4 MB convolutions span 13). The
+    scheduler must see them all before it picks, or it pushes the lowest of them first: ``GradBuckets``
+    calls ``after_launch`` once per hook, after its last ``on_ready``, and the PS wakes its thread only
+    then (measured: woken per chunk, two workers' push orders differed, and a chunk one of them pushed
+    early waited for the other's late push)."""
+    from psring.sync.buckets import GradBuckets, flat_layout
+    from psring.sync.ps.sharding import plan_chunks
+
+    model = torch.nn.Linear(8, 4)  # bias 4 elements, weight 32: 9 chunks of 4 over 3 servers
+    layout = flat_layout(list(model.named_parameters()))
+    ranges = plan_chunks([[p.numel() for _, p, _ in sp.members] for sp in layout], [4], 3, 16, split=True)
+    events = []
+    buckets = GradBuckets(layout, ranges, lambda b: events.append(b.index),
+                          after_launch=lambda: events.append("wake"))
+    model(torch.randn(2, 8)).sum().backward()
+    wakes = [i for i, e in enumerate(events) if e == "wake"]
+    assert len(wakes) == 2 and wakes[-1] == len(events) - 1, events  # one per parameter's hook
+    assert sorted(e for e in events if e != "wake") == list(range(len(buckets.buckets))), events
+    assert wakes[1] - wakes[0] - 1 == 8, events  # the weight's hook (backward order: after the bias's)
+    # completed its 8 chunks at once, then woke the thread once

@@ -146,10 +146,13 @@ class UnusedParameterError(RuntimeError):
 
 class GradBuckets:
     def __init__(self, layout: list[Space], ranges: list[BucketRange],
-                 on_ready: Callable[[Bucket], None], device: torch.device | None = None):
+                 on_ready: Callable[[Bucket], None], device: torch.device | None = None,
+                 after_launch: Callable[[], None] | None = None):
         """``ranges``: one ``BucketRange`` (or a 4-tuple in its field order) per bucket, covering every
-        space exactly, in launch order within each group."""
-        self.layout, self.on_ready = layout, on_ready
+        space exactly, in launch order within each group. ``after_launch``: called once after a hook
+        launched any (a parameter may complete several buckets at once: a scheduler that is told then
+        sees them all, and picks by priority rather than by who was handed over first)."""
+        self.layout, self.on_ready, self.after_launch = layout, on_ready, after_launch
         for sp in layout:
             dev = device or (sp.members[0][1].device if sp.members else None)
             sp.flat = torch.zeros(sp.numel, dtype=sp.dtype, device=dev)
@@ -188,18 +191,22 @@ class GradBuckets:
         if p.grad.data_ptr() != view.data_ptr():  # someone set .grad to None (zero_grad(set_to_none=True))
             view.copy_(p.grad)
             p.grad = view
+        launched = False
         for b in buckets:
             b.ready += 1
             if b.ready == len(b.members):
                 self._ready.add(b.index)
                 self.ready_at.append((b.index, time.perf_counter()))
-                self._launch_in_order(b.group)
+                launched |= self._launch_in_order(b.group)
+        if launched and self.after_launch is not None:
+            self.after_launch()
 
-    def _launch_in_order(self, g: int) -> None:
-        order = self._order[g]
+    def _launch_in_order(self, g: int) -> bool:
+        order, start = self._order[g], self._next[g]
         while self._next[g] < len(order) and order[self._next[g]] in self._ready:
             self.on_ready(self.buckets[order[self._next[g]]])
             self._next[g] += 1
+        return self._next[g] > start
 
     def flush(self) -> None:
         """Launch every bucket backward did not complete, in order; a parameter that got no gradient at all

@@ -76,6 +76,7 @@ class PSAggregate(Reducer):
 
     def launch(self, bucket: Bucket) -> Handle:
         self.chan.ready(bucket)
+        self.chan.wake()  # (a reducer launches one bucket at a time)
         return _ChunkHandle(self, bucket)
 
     def until(self, b: Bucket) -> None:

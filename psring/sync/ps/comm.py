@@ -45,6 +45,9 @@ class LocalChannel:
         self.tr.enqueue(b)
         self.tr.pump(b.group)
 
+    def wake(self) -> None:
+        """(pushes left from ``ready`` already)"""
+
     def flush(self) -> None:
         self.tr.pump_all()
 
@@ -92,8 +95,14 @@ class PSComm:
 
     # --- the trainer's thread ----------------------------------------------------------------------
     def ready(self, b: Bucket) -> None:
+        """Hand a chunk over; the thread looks at it on ``wake`` (or ``flush``): a parameter may complete
+        several chunks at once, and the thread must see them all before it picks the highest priority
+        (measured: woken per chunk, it pushed the lowest of six first half the time, and the other
+        worker, which had seen them all, pushed that one last)."""
         self.handed += 1
         self.incoming.append(b)
+
+    def wake(self) -> None:
         self._wake()
 
     def flush(self) -> None:

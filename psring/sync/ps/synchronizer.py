@@ -75,7 +75,7 @@ class PSSync(Synchronizer):
         known = self.links_Bps is not None
         self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
         ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares)
-        self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device)
+        self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device, after_launch=self._launched)
         self.client, self.tr, self.chan = session.open_worker(
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
@@ -114,6 +114,10 @@ class PSSync(Synchronizer):
             self.chan.ready(b)
         else:
             self.deferred.append(b)
+
+    def _launched(self) -> None:
+        if during_backward(self.overlap):
+            self.chan.wake()
 
     def step(self, step: int) -> SyncStats:
         """push_s: pushing what backward did not (all of it without overlap); wait_s: until the replies
