@@ -136,3 +136,17 @@ def test_overlap_chunks_claims():
     g4, h4 = ratios(4, "1gbit", "full", True), ratios(4, "1gbit", "full", False)
     assert h4["step_over_bound"].median() > g4["step_over_bound"].median() > 1.15
     assert (at(df, workers=4, link_rate="1gbit")["cpu_util_sync"].fillna(0.9) > 0.75).all()
+
+
+def test_overlap_n8_1gbit_claims():
+    """results/overlap_n8_1gbit's README: the PS CPU-saturated; the ring's full slower than its backward and
+    past the cores at its bound; all-reduce's backward within 1.10x, its full 1.21x."""
+    df = table("overlap_n8_1gbit")
+    assert (df["status"] == "ok").all() and len(df) == 6
+    at_bound = df["cpu_util"] * df["step_s_p50"] / df["step_bound_s"]
+    ps, ring, ar = (at(df, sync=s).set_index("overlap") for s in ("ps", "ring", "allreduce"))
+    assert ps["cpu_saturated"].astype(bool).all()
+    assert ring.loc["full", "step_s_p50"] > ring.loc["backward", "step_s_p50"]
+    assert at_bound[(df["sync"] == "ring") & (df["overlap"] == "full")].iloc[0] > 1.5
+    assert ar.loc["backward", "step_over_bound"] < 1.10 < ar.loc["full", "step_over_bound"] < 1.25
+    assert 1.0 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15

@@ -55,7 +55,8 @@ EXPECTED = {
 }
 # Folders whose figure types all write SVG elsewhere (test_ring_steps, test_ps_step, test_svg_of_links_and_compare,
 # and the other folders' timelines, speedup and breakdown): PNG only, for the suite's time
-PNG_ONLY = {"visible", "compare_emulated", "overlap", "overlap_ps8", "overlap_chunks", "scale", "gpu"}
+PNG_ONLY = {"visible", "compare_emulated", "overlap", "overlap_ps8", "overlap_chunks", "overlap_n8_1gbit", "scale",
+            "gpu"}
 # Animations beside their figures (the rest of a folder's figures are PNG and SVG only)
 GIFS = {"visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
                     "ps_step_sync-ps_workers-4_servers-4_straggler-None"}}
