@@ -176,7 +176,10 @@ def per_host(row) -> int:
 def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None = None) -> pd.DataFrame:
     """``runs`` with ``bound_s`` (the α-β bound of its sync step), ``over_bound`` (median sync time /
     bound), ``step_bound_s`` and ``step_over_bound`` (the whole step's bound in its overlap mode, and the
-    median step time over it) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
+    median step time over it), ``cpu_at_bound`` (``cpu_util`` x step time / ``step_bound_s``: the share of
+    all cores the step's measured CPU would need if it ran at its bound; near 1 or above, the machine's
+    cores, not the schedule, keep it from the bound, even where a slowed run reads under ``cpu_saturated``'s
+    0.90) and ``link_bound`` (a bound exists and the CPU was not saturated: a point claims may rest on).
     ``m_bytes``: M (default: ``gradient_bytes`` of the table, of each model's rows where it has several)."""
     df = runs.copy()
     m_of = _m_per_row(df, m_bytes)
@@ -187,6 +190,8 @@ def with_bounds(runs: pd.DataFrame, alpha_s: float = 0.0, m_bytes: float | None 
     df["step_bound_s"] = [step_bound_s(r, m_of(r), alpha_s) for _, r in df.iterrows()]
     if "step_s_p50" in df:
         df["step_over_bound"] = df["step_s_p50"] / df["step_bound_s"]
+        if "cpu_util" in df:  # the CPU a step took (cores, as a share of all) squeezed into its bound's time
+            df["cpu_at_bound"] = df["cpu_util"] * df["step_s_p50"] / df["step_bound_s"]
     return df
 
 

@@ -40,6 +40,17 @@ def test_no_bound_without_an_emulated_link_or_a_peer():
     assert math.isnan(bound_s(row(sync="none"), M))
 
 
+def test_cpu_at_bound_is_the_measured_cpu_squeezed_into_the_bound():
+    """cpu_util x step time / step bound (e.g. a 1.2 s step at 0.75 of the cores against a 0.9 s bound needs
+    the whole machine at its bound, 1.0, while it reads under cpu_saturated's 0.90); absent without cpu_util."""
+    df = pd.DataFrame([row(model="resnet18", compute="emulated:3739", overlap="full", sync_s_p50=1.0,
+                           step_s_p50=1.0, cpu_util=0.75)])
+    got = with_bounds(df, m_bytes=M).iloc[0]
+    assert got["cpu_at_bound"] == pytest.approx(0.75 * 1.0 / got["step_bound_s"])
+    assert 0 < got["step_bound_s"] < math.inf
+    assert "cpu_at_bound" not in with_bounds(df.drop(columns="cpu_util"), m_bytes=M)
+
+
 def committed(name: str) -> pd.DataFrame:
     path = ROOT / "results" / name
     runs = pd.read_csv(path / "runs.csv")
