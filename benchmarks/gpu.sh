@@ -12,7 +12,8 @@
 #
 # It installs what it needs into a python3.11 venv (.venv, or PSRING_GPU_VENV): `pip install torch==2.13.0`,
 # which on a GPU machine resolves to a CUDA build (wanted here, unlike on CPU CI), then psring with its
-# test extras. A venv whose torch already sees the GPU is used as it is. Every step runs under `timeout`,
+# test extras. A venv whose torch already sees the GPU is used as it is. Offline (no package registry):
+# PSRING_GPU_PYTHON and PSRING_GPU_WHEELS, below. Every step runs under `timeout`,
 # within a budget of PSRING_GPU_BUDGET_S seconds (450) for the whole script. It writes only under
 # results/gpu/, replacing its own files of an earlier run there (steps/ included: a sweep would otherwise
 # skip the runs it finds finished, keeping another machine's times).
@@ -61,6 +62,23 @@ bounded() {
 }
 
 # --- installs (only what the venv lacks) ----------------------------------------------------------------
+# A machine that reaches no package registry (the lent H200: its image's python3 has torch with CUDA, but
+# not pyzmq): PSRING_GPU_PYTHON=python3 uses that interpreter as it is, and installs psring, with the wheels
+# in PSRING_GPU_WHEELS (e.g. pyzmq's, fetched elsewhere with `pip download`), offline into a folder of its
+# own (PSRING_GPU_SITE) on PYTHONPATH; $VENV/bin then only holds launchers for that interpreter.
+if [ -n "${PSRING_GPU_PYTHON:-}" ]; then
+    site=${PSRING_GPU_SITE:-/tmp/psring-gpu-site}
+    wheels=()
+    [ -n "${PSRING_GPU_WHEELS:-}" ] && wheels=("$PSRING_GPU_WHEELS"/*.whl)
+    timeout 150 "$PSRING_GPU_PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
+        --upgrade --target "$site" "${wheels[@]}" .
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+    VENV=$site/launchers PY=$site/launchers/bin/python
+    mkdir -p "$VENV/bin"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$PSRING_GPU_PYTHON")" > "$PY"
+    chmod +x "$PY"
+    ln -sf "$site/bin/psring" "$VENV/bin/psring"
+fi
 # (psring's installed metadata, not `import psring`: from the repository root that imports the source folder)
 if ! "$PY" -c 'import importlib.metadata as m, torch, pytest_timeout; m.version("psring")' 2>/dev/null \
         || [ ! -x "$VENV/bin/psring" ]; then
