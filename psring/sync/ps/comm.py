@@ -97,7 +97,7 @@ class PSComm:
     def ready(self, b: Bucket) -> None:
         """Hand a chunk over; the thread looks at it on ``wake`` (or ``flush``): a parameter may complete
         several chunks at once, and the thread must see them all before it picks the highest priority
-        (measured: woken per chunk, it pushed the lowest of six first half the time, and the other
+        (traced: woken per chunk, it once pushed the lowest of six ready together first, and the other
         worker, which had seen them all, pushed that one last)."""
         self.handed += 1
         self.incoming.append(b)
