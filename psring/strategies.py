@@ -8,6 +8,7 @@ docs/ARCHITECTURE.md, "How to add a strategy"). This module imports nothing heav
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -155,7 +156,8 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                                                 cfg.link_tuning),
                    compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
                    link_tuning=cfg.link_tuning,
-                   shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
+                   shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers),
+                   shared_cores=len(os.sched_getaffinity(0)) if cfg.net == "emulated" else None)
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (

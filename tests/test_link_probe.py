@@ -142,3 +142,7 @@ def test_link_tuning_off_leaves_the_ps_at_its_one_host_defaults():
     m = 44_695_848
     assert ps_chunks_per_server({**row, "link_tuning": "off"}, 4, 4, m) == 3  # 11.2 MB a server in 4 MB
     assert ps_chunks_per_server({**row, "link_tuning": "auto"}, 4, 4, m) > 3
+    # the fit the run recorded (--overlap full under credits: a drain of 4, two shared cores): twice the chunks
+    fitted = ps_chunks_per_server({**row, "link_tuning": "auto"}, 4, 4, m)
+    drained = ps_chunks_per_server({**row, "link_tuning": "auto", "chunk_drain": 4, "chunk_cores": 2}, 4, 4, m)
+    assert drained == pytest.approx(2 * fitted, abs=1)

@@ -14,7 +14,9 @@ from psring.sync.ps.sharding import (
     MIN_CHUNK_BYTES,
     chunk_bytes,
     chunks_per_server,
+    cores_chunks,
     default_window,
+    drain_chunks,
     fitted_chunk_bytes,
     plan_chunks,
 )
@@ -37,6 +39,30 @@ def test_fitted_chunks_grow_with_the_link_and_stay_within_bounds():
     assert fitted_chunk_bytes(M, 2, 2, 1e3, 1e3, 4 << 20) == MIN_CHUNK_BYTES  # never below the floor
     assert fitted_chunk_bytes(M, 1, 1, 1e12, 1e12, 1 << 20) == 1 << 20  # never above the cap
     assert chunk_bytes(M, 8, 8, None, 4 << 20) == 4 << 20  # unknown link: the cap
+
+
+def test_full_overlap_under_credits_fits_smaller_chunks_where_the_shared_cores_have_room():
+    # --overlap full with credits: the last replies lag about four chunk times (the drain), so the fit
+    # halves the chunk (k = sqrt(4T / (N m))); results/overlap_chunks measured that gain at these points
+    assert drain_chunks("full", None, (GBIT, GBIT), 2, 2) == 4
+    assert drain_chunks("backward", None, (GBIT, GBIT), 2, 2) == 1  # no next forward waiting on the drain
+    assert drain_chunks("full", None, (GBIT, GBIT), 4, 1) == 1  # S = 1: no default credits (FIFO)
+    assert drain_chunks("full", 0.0, (GBIT, GBIT), 4, 4) == 1 and drain_chunks("full", 1.0, None, 4, 1) == 4
+    for n, rate in ((2, GBIT), (4, MBIT100)):
+        plain = fitted_chunk_bytes(M, n, n, rate, rate, 4 << 20)
+        full = fitted_chunk_bytes(M, n, n, rate, rate, 4 << 20, drain_chunks=4, shared_cores=2)
+        assert full == pytest.approx(plain / 2, rel=0.05)
+    # N = 4 at 1 Gbit on 2 cores: the bytes alone take most of the cores, so no more messages than the plain fit
+    assert cores_chunks(M, 4, 4, M / GBIT, 2) < M / (4 * fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20))
+    assert fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20, drain_chunks=4, shared_cores=2) == \
+        fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20)
+    # N = 8, 100 Mbit: between the two, as many chunks as the cores' share allows
+    plain, drained = (fitted_chunk_bytes(M, 8, 8, MBIT100, MBIT100, 4 << 20, drain_chunks=d) for d in (1, 4))
+    capped = fitted_chunk_bytes(M, 8, 8, MBIT100, MBIT100, 4 << 20, drain_chunks=4, shared_cores=2)
+    assert drained < capped < plain
+    # hosts of their own (a torchrun cluster, the simulator): the drain alone decides
+    assert fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20, drain_chunks=4) < \
+        fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20)
 
 
 def test_chunks_per_server_is_what_plan_chunks_cuts():

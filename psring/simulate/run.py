@@ -126,13 +126,15 @@ def bucket_numels(cfg: TrainConfig, layout) -> list[int]:
 
 def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
     """The PS's chunks, (server, bytes) in chunk order, and its window per server: what ``PSSync`` plans
-    (``transport.chunk_ranges``, ``sharding.default_window``) on the links it is told."""
-    from ..sync.ps.sharding import default_window
+    (``transport.chunk_ranges``, ``sharding.default_window``) on the links it is told; each host its
+    own cores (no ``shared_cores``)."""
+    from ..sync.ps.sharding import default_window, drain_chunks
     from ..sync.ps.transport import chunk_ranges
 
     itemsize = layout[0].dtype.itemsize
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
-    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20))
+    drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, cfg.workers, cfg.servers)
+    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20), drain=drain)
     window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
     return [(r.group, (r.end - r.start) * itemsize) for r in ranges], window
 

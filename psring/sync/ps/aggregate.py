@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import credits_fit, default_window
+from .sharding import credits_fit, default_window, drain_chunks
 from .transport import chunk_ranges
 
 
@@ -42,7 +42,7 @@ class PSAggregate(Reducer):
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
                  error_feedback: bool = True, shares: list[float] | None = None, credit_mb: float | None = None,
-                 overlap: str = "backward", link_tuning: str = "auto"):
+                 overlap: str = "backward", link_tuning: str = "auto", shared_cores: int | None = None):
         super().__init__(rank, world, device)
         self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)
@@ -50,6 +50,7 @@ class PSAggregate(Reducer):
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
         self.window_opt, self.credit_mb, self.overlap, self.link_tuning = window, credit_mb, overlap, link_tuning
+        self.shared_cores = shared_cores
         self.client: PSClient | None = None
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
@@ -58,7 +59,9 @@ class PSAggregate(Reducer):
             self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
         known = self.links_Bps is not None
         self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
-        return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes, self.shares)
+        self.drain = drain_chunks(self.overlap, self.credit_mb, self.links_Bps, self.world, len(self.addrs))
+        return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes, self.shares,
+                            self.drain, self.shared_cores)
 
     def attach(self, model: nn.Module, buckets: list[Bucket]) -> None:
         self.layout = flat_layout(model.named_parameters())
@@ -68,7 +71,7 @@ class PSAggregate(Reducer):
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
             resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
             client=self.probed, credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
-        self.tuned["chunk_bytes"] = max(b.nbytes for b in buckets)
+        self.tuned.update(session.chunk_fit(buckets, self.drain, self.shared_cores))
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec
         self.scale = self.world if codec is not None and codec.dense else 1

@@ -136,6 +136,13 @@ def probed_links(addrs: list[str], rank: int, timeout_s: float, frame_bytes: int
     return client, (probe.rate_Bps, float("inf")), {"link_tuning": "probe", **probe.as_dict()}
 
 
+def chunk_fit(buckets: list[Bucket], drain: float, shared_cores: int | None) -> dict:
+    """What the run records of its chunks (``tuned.json``, then ``summary.json``): the largest chunk, and
+    the drain and shared cores the fit weighed (``sharding.fitted_chunk_bytes``), so that ``bounds``
+    fits the same chunk again."""
+    return {"chunk_bytes": max(b.nbytes for b in buckets), "chunk_drain": drain, "chunk_cores": shared_cores or 0}
+
+
 def channel(tr: ChunkTransport, timeout_s: float):
     """Where the worker's traffic runs: its own thread for the priority scheduler (credits), else the
     trainer's (``comm``)."""

@@ -101,26 +101,73 @@ MIN_CHUNK_BYTES = 64 << 10
 
 
 def fitted_chunk_bytes(m_bytes: int, workers: int, servers: int, worker_Bps: float, server_Bps: float,
-                       cap_bytes: int, message_cost_s: float = MESSAGE_COST_S) -> int:
-    """The chunk size for a link: k chunks per server make the pipeline's fill and drain about T/k,
-    where T = max(M/B_w, N*M/(S*B_s)) is the bandwidth bound of a step, and cost k*N messages at the
-    busiest server; k = sqrt(T / (N * message_cost)) minimises the sum. Between ``MIN_CHUNK_BYTES`` and
-    ``cap_bytes``.
+                       cap_bytes: int, message_cost_s: float = MESSAGE_COST_S, drain_chunks: float = 1.0,
+                       shared_cores: int | None = None) -> int:
+    """The chunk size for a link: k chunks per server make the pipeline's fill and drain about D*T/k,
+    where T = max(M/B_w, N*M/(S*B_s)) is the bandwidth bound of a step and D the drain in chunk times
+    (``drain_chunks``: 1 for a burst after backward; ``CREDITED_DRAIN_CHUNKS`` under credits with
+    ``--overlap full``), and cost k*N messages at the busiest server; k = sqrt(D*T / (N * message_cost))
+    minimises the sum. Where every process shares one machine's ``shared_cores`` (an emulated cluster),
+    a k above the plain fit's (D = 1) is cut to what ``cores_chunks`` leaves room for. Between
+    ``MIN_CHUNK_BYTES`` and ``cap_bytes``.
 
     >>> fitted_chunk_bytes(44_695_848, 8, 8, 12.5e6, 12.5e6, 4 << 20)  # ResNet-18, N=S=8, 100 Mbit: k=48
     116395
+    >>> fitted_chunk_bytes(44_695_848, 8, 8, 12.5e6, 12.5e6, 4 << 20, drain_chunks=4, shared_cores=2)  # k=58
+    96327
     """
     bound_s = max(m_bytes / worker_Bps, workers * m_bytes / (servers * server_Bps))
-    k = max(1, math.ceil(math.sqrt(bound_s / (workers * message_cost_s))))
+    plain = max(1, math.ceil(math.sqrt(bound_s / (workers * message_cost_s))))
+    k = max(1, math.ceil(math.sqrt(drain_chunks * bound_s / (workers * message_cost_s))))
+    if shared_cores and k > plain:
+        k = max(plain, min(k, cores_chunks(m_bytes, workers, servers, bound_s, shared_cores)))
     return int(min(cap_bytes, max(MIN_CHUNK_BYTES, m_bytes / (servers * k))))
 
 
+# The drain of a credited pipeline, in chunk times: a worker's last chunks wait behind the CREDIT_CHUNKS
+# in flight on its uplink, then their replies share the downlink with the other servers' (traced at N = 2,
+# 1 Gbit, --overlap full: the last replies 19-35 ms after their pushes, for 5.8 ms chunks).
+CREDITED_DRAIN_CHUNKS = 4
+
+# The CPU the PS takes on one machine's cores, all sides (workers, servers, the kernel's veth and tbf):
+# per byte a worker moves (M each way) and per pushpull. Fitted to the 24 runs of
+# results/overlap_chunks (this project's 2-core Intel Xeon; each within 0.88-1.14x of the fit).
+CPU_PER_BYTE_S = 1.1e-9
+CPU_PER_MESSAGE_S = 0.93e-3
+# The share of the cores the PS may take at its bound before CPU contention costs more than smaller
+# chunks gain: the chunks that helped there took 0.32-0.69 of both cores at the bound, those that did
+# not 0.98-1.3 (N = 4, 1 Gbit).
+CORE_SHARE = 0.6
+
+
+def cores_chunks(m_bytes: int, workers: int, servers: int, bound_s: float, cores: int) -> int:
+    """k, the most chunks per server whose CPU (``CPU_PER_BYTE_S``, ``CPU_PER_MESSAGE_S``: N*S*k
+    pushpulls a step) fits ``CORE_SHARE`` of ``cores`` over a step of ``bound_s``; 0 where the bytes
+    alone take more.
+
+    >>> cores_chunks(44_695_848, 2, 2, 0.374, 2), cores_chunks(44_695_848, 4, 4, 0.374, 2)
+    (67, 3)
+    """
+    spare_s = CORE_SHARE * cores * bound_s - CPU_PER_BYTE_S * 2 * workers * m_bytes
+    return max(0, int(spare_s / (CPU_PER_MESSAGE_S * workers * servers)))
+
+
+def drain_chunks(overlap: str, credit_mb: float | None, links_Bps: tuple[float, float] | None, workers: int,
+                 servers: int) -> float:
+    """The drain ``fitted_chunk_bytes`` weighs: ``CREDITED_DRAIN_CHUNKS`` where credits pace the pushes
+    (``--ps-credit-mb``, else ``credits_fit``) and the next forward waits for the last replies
+    (``--overlap full``), else 1."""
+    credited = credit_mb > 0 if credit_mb is not None else credits_fit(links_Bps, workers, servers)
+    return CREDITED_DRAIN_CHUNKS if overlap == "full" and credited else 1.0
+
+
 def chunk_bytes(m_bytes: int, workers: int, servers: int, links_Bps: tuple[float, float] | None,
-                cap_bytes: int) -> int:
+                cap_bytes: int, drain: float = 1.0, shared_cores: int | None = None) -> int:
     """The PS's chunk size: fitted to the links where they are known, else the cap (``--bucket-mb``)."""
     if links_Bps is None:
         return cap_bytes
-    return fitted_chunk_bytes(m_bytes, workers, servers, *links_Bps, cap_bytes)
+    return fitted_chunk_bytes(m_bytes, workers, servers, *links_Bps, cap_bytes, drain_chunks=drain,
+                              shared_cores=shared_cores)
 
 
 def chunks_per_server(m_bytes: int, servers: int, chunk_bytes: int) -> int:

@@ -38,7 +38,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import credits_fit, default_window
+from .sharding import credits_fit, default_window, drain_chunks
 from .transport import chunk_ranges
 
 
@@ -49,14 +49,16 @@ class PSSync(Synchronizer):
                  timeout_s: float, bucket_mb: float = 4.0, overlap: str = "backward", frame_kb: int = 1024,
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
-                 shares: list[float] | None = None, credit_mb: float | None = None, link_tuning: str = "auto"):
+                 shares: list[float] | None = None, credit_mb: float | None = None, link_tuning: str = "auto",
+                 shared_cores: int | None = None):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
         chunks are then fitted to them (``sharding.fitted_chunk_bytes``, at most ``bucket_mb``; with
         one server too, splitting tensors) and sent under a window of credits.
         ``window``: the most pushpulls of this worker unanswered at one server; 0: no limit; None:
-        ``sharding.default_window`` (no limit where the links are unknown)."""
+        ``sharding.default_window`` (no limit where the links are unknown). ``shared_cores``: the cores
+        every worker and server share (an emulated cluster), which cap how small the chunks get."""
         super().__init__(rank, world, device)
         session.check_addrs(addrs)
         self.semantics = check_semantics("server-optimizer", consistency, staleness)
@@ -66,7 +68,7 @@ class PSSync(Synchronizer):
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.client: PSClient | None = None
         self.links_Bps, self.compress, self.error_feedback, self.shares = links_Bps, compress, error_feedback, shares
-        self.window_opt, self.credit_mb, self.link_tuning = window, credit_mb, link_tuning
+        self.window_opt, self.credit_mb, self.link_tuning, self.shared_cores = window, credit_mb, link_tuning, shared_cores
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
@@ -74,7 +76,9 @@ class PSSync(Synchronizer):
             self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
         known = self.links_Bps is not None
         self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
-        ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares)
+        drain = drain_chunks(self.overlap, self.credit_mb, self.links_Bps, self.world, len(self.addrs))
+        ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares,
+                              drain, self.shared_cores)
         self.buckets = GradBuckets(self.layout, ranges, self._on_ready, self.device, after_launch=self._launched)
         self.client, self.tr, self.chan = session.open_worker(
             self.layout, self.buckets.buckets, rank=self.rank, device=self.device, addrs=self.addrs,
@@ -83,7 +87,7 @@ class PSSync(Synchronizer):
             error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
             overlap=self.overlap, client=probed,
             credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
-        self.tuned["chunk_bytes"] = max(b.nbytes for b in self.buckets.buckets)
+        self.tuned.update(session.chunk_fit(self.buckets.buckets, drain, self.shared_cores))
         self.deferred: list[Bucket] = []
         if self.full:
             self.covering, self.waits = buckets_of(self.buckets.buckets), Waits()
@@ -209,17 +213,19 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
             error_feedback: bool = True, shares: list[float] | None = None,
-            credit_mb: float | None = None, link_tuning: str = "auto") -> Synchronizer:
+            credit_mb: float | None = None, link_tuning: str = "auto",
+            shared_cores: int | None = None) -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
     shares of the parameters (``topology.server_shares``), None for equal ones."""
     semantics: Semantics = check_semantics(design, consistency, staleness)
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
-                      staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb, link_tuning)
+                      staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb, link_tuning,
+                      shared_cores)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
     reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
-                          compress, error_feedback, shares, credit_mb, overlap, link_tuning)
+                          compress, error_feedback, shares, credit_mb, overlap, link_tuning, shared_cores)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

@@ -40,12 +40,14 @@ def chunk_key(b: Bucket) -> str:
 
 
 def chunk_ranges(layout, world: int, servers: int, links_Bps, cap_bytes: int,
-                 shares: list[float] | None = None) -> list[BucketRange]:
+                 shares: list[float] | None = None, drain: float = 1.0,
+                 shared_cores: int | None = None) -> list[BucketRange]:
     """The chunks of ``layout`` for ``servers`` servers: fitted to the links where known, else ``cap``;
-    ``shares``: the servers' unequal shares (``--ps-placement mixed``), else equal ones."""
+    ``shares``: the servers' unequal shares (``--ps-placement mixed``), else equal ones. ``drain`` and
+    ``shared_cores``: what the fit weighs (``sharding.fitted_chunk_bytes``)."""
     sizes, itemsizes = space_sizes(layout)
     m_bytes = sum(n * i for sp, i in zip(sizes, itemsizes) for n in sp)
-    cap = chunk_bytes(m_bytes, world, servers, links_Bps, cap_bytes)
+    cap = chunk_bytes(m_bytes, world, servers, links_Bps, cap_bytes, drain, shared_cores)
     return plan_chunks(sizes, itemsizes, servers, cap, split=links_Bps is not None, shares=shares)
 
 
