@@ -143,11 +143,14 @@ def check_ps(cfg) -> None:
 
     from .sync.buckets import flat_layout, space_sizes
     from .sync.ps.consistency import check_semantics
-    from .sync.ps.sharding import plan_chunks
+    from .sync.ps.sharding import plan_chunks, waits_for_round
     from .topology import server_shares
     from .train.models import model_of
 
     check_placement(cfg)
+    if cfg.ps_window and waits_for_round(cfg.consistency, cfg.staleness):
+        raise ConfigError(f"--ps-window {cfg.ps_window} with --consistency ssp --staleness 0 would deadlock (a "
+                          f"reply waits for every worker's whole round); leave --ps-window unset or use 0")
     try:
         check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
         with torch.device("meta"):

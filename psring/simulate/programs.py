@@ -12,7 +12,10 @@ backward ended (``start(rank)``) and calls ``done(rank, bytes_sent)`` when it ho
   all-gather are free: an emulated host's loopback).
 * ``PSProgram``: worker w sends each server its chunks in order on one connection (FIFO), at most
   ``window`` of them unanswered per server; a server answers a chunk (to every worker, FIFO per
-  connection) once all N pushes of it arrived (BSP).
+  connection) once all N pushes of it arrived (BSP). ASP and SSP (``sync.ps.consistency``): a push is its
+  own update and is answered to its worker alone, at once (ASP) or, for a push of step t, once every
+  worker's clock at that server (the steps for which it pushed all the server's chunks) is >= t + 1 - k
+  (SSP, staleness k).
 """
 from __future__ import annotations
 
@@ -131,8 +134,9 @@ class PSProgram:
     """Dedicated servers on hosts ``server_host[s]``; ``chunks``: (server, bytes) in chunk order."""
 
     def __init__(self, net: Network, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
-                 window: int, done: Done):
+                 window: int, done: Done, consistency: str = "bsp", staleness: int = 0):
         self.net, self.host_of, self.server_host, self.done = net, host_of, server_host, done
+        self.consistency, self.staleness = consistency, staleness
         self.workers = len(host_of)
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
         self.chunks, self.window = chunks, window
@@ -142,9 +146,15 @@ class PSProgram:
         self.arrived = [0] * len(chunks)
         self.next_chunk: dict = {}  # (worker, server) -> how many of its chunks it has pushed this step
         self.unanswered: dict = {}  # (worker, server) -> pushes without a reply yet
+        self.steps = [0] * self.workers  # steps each worker has started
+        servers = len(server_host)
+        self.clock = [[0] * servers for _ in range(self.workers)]  # ASP/SSP: [w][s], steps w pushed all of s's
+        self.landed: dict = {}  # (worker, server) -> this step's pushes that arrived at the server
+        self.held: list[list[tuple[int, int, int]]] = [[] for _ in range(servers)]  # SSP: (w, c, t) to answer
 
     def start(self, w: int) -> None:
         self.answered[w] = 0
+        self.steps[w] += 1
         for s in range(len(self.per_server)):
             self.next_chunk[w, s], self.unanswered[w, s] = 0, 0
             self._push_more(w, s)
@@ -156,7 +166,7 @@ class PSProgram:
             self.next_chunk[w, s] += 1
             self.unanswered[w, s] += 1
             self._fifo((w, "up", s), self.host_of[w], self.server_host[s], self.chunks[c][1],
-                       lambda c=c: self._pushed(c))
+                       lambda c=c, w=w, t=self.steps[w] - 1: self._pushed(c, w, t))
             self.sent[w] += self.chunks[c][1]
 
     def _fifo(self, conn, src: int, dst: int, nbytes: float, then: Callable[[], None]) -> None:
@@ -176,7 +186,10 @@ class PSProgram:
             then()
         self.net.send(src, dst, nbytes, sent)
 
-    def _pushed(self, c: int) -> None:
+    def _pushed(self, c: int, w: int, t: int) -> None:
+        if self.consistency != "bsp":
+            self._pushed_async(c, w, t)
+            return
         self.arrived[c] += 1
         if self.arrived[c] == self.workers:  # BSP: every worker's push of chunk c is in; the update is free
             self.arrived[c] = 0
@@ -184,6 +197,25 @@ class PSProgram:
             for w in range(self.workers):
                 self._fifo((w, "down", s), self.server_host[s], self.host_of[w], nbytes,
                            lambda w=w, s=s: self._replied(w, s))
+
+    def _pushed_async(self, c: int, w: int, t: int) -> None:
+        """ASP/SSP: worker w's push of chunk c (its step t) is applied on arrival (the update is free); its
+        reply waits in the server's queue until SSP's clock condition holds (ASP: never)."""
+        s = self.chunks[c][0]
+        self.landed[w, s] = self.landed.get((w, s), 0) + 1
+        if self.landed[w, s] == len(self.per_server[s]):
+            self.landed[w, s] = 0
+            self.clock[w][s] += 1
+        self.held[s].append((w, c, t))
+        slowest = min(self.clock[v][s] for v in range(self.workers))
+        keep = []
+        for hw, hc, ht in self.held[s]:
+            if self.consistency == "asp" or slowest >= ht + 1 - self.staleness:
+                self._fifo((hw, "down", s), self.server_host[s], self.host_of[hw], self.chunks[hc][1],
+                           lambda hw=hw, s=s: self._replied(hw, s))
+            else:
+                keep.append((hw, hc, ht))
+        self.held[s] = keep
 
     def _replied(self, w: int, s: int) -> None:
         self.unanswered[w, s] -= 1

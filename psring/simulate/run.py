@@ -5,7 +5,8 @@ dedicated PS server, every host link ``--link-rate`` each way (the servers' ``--
 payload share, alpha per message (``--alpha-us``, default the emulated link's calibrated 205 us). Compute is
 ``--compute emulated:MS`` (forward 1/3, backward 2/3), each worker's step drawn from ``--jitter`` (``none``,
 ``lognormal:CV``) and stretched by ``--straggler``. The communication after backward (``--overlap none``) is the strategy's plan
-(``programs``); bulk-synchronous: a worker's next step starts once it holds this step's result.
+(``programs``); a worker's next step starts once it holds this step's result (under BSP that waits for every
+worker's pushes; the PS's ASP and SSP replay their own waits, ``programs.PSProgram``).
 
 The output folder gets what a run writes, read by ``psring plot``, ``bounds`` and the notebooks unchanged:
 ``config.json``, ``steps.jsonl`` (one record per worker and step, the trainer's columns) and ``summary.json``
@@ -71,8 +72,8 @@ def check(cfg: TrainConfig) -> float:
     if during_backward(cfg.overlap) and cfg.workers > 1 and not strategies.is_baseline(cfg.sync):
         raise ConfigError(f"psring simulate replays --overlap none only so far (got --overlap {cfg.overlap})")
     s = strategies.get(cfg.sync)
-    if s.servers and (cfg.ps_placement != "dedicated" or cfg.consistency != "bsp"):
-        raise ConfigError("psring simulate replays the PS with dedicated servers and BSP so far")
+    if s.servers and cfg.ps_placement != "dedicated":
+        raise ConfigError("psring simulate replays the PS with dedicated servers so far")
     if cfg.compress != NONE:
         raise ConfigError(f"psring simulate does not replay --compress yet (got {cfg.compress})")
     for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
@@ -126,16 +127,16 @@ def bucket_numels(cfg: TrainConfig, layout) -> list[int]:
 
 def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
     """The PS's chunks, (server, bytes) in chunk order, and its window per server: what ``PSSync`` plans
-    (``transport.chunk_ranges``, ``sharding.default_window``) on the links it is told; each host its
+    (``transport.chunk_ranges``, ``sharding.window_for``) on the links it is told; each host its
     own cores (no ``shared_cores``)."""
-    from ..sync.ps.sharding import default_window, drain_chunks
+    from ..sync.ps.sharding import drain_chunks, window_for
     from ..sync.ps.transport import chunk_ranges
 
     itemsize = layout[0].dtype.itemsize
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
     drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, cfg.workers, cfg.servers)
     ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20), drain=drain)
-    window = cfg.ps_window if cfg.ps_window is not None else default_window(cfg.servers, links is not None)
+    window = window_for(cfg.ps_window, cfg.servers, links is not None, cfg.consistency, cfg.staleness)
     return [(r.group, (r.end - r.start) * itemsize) for r in ranges], window
 
 
@@ -145,7 +146,7 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
     itemsize = layout[0].dtype.itemsize
     model = strategies.attr(cfg.sync, "cost_model")
     if strategies.uses_servers(cfg.sync):
-        return PSProgram(net, host_of, server_host, *ps_plan(cfg, layout), done)
+        return PSProgram(net, host_of, server_host, *ps_plan(cfg, layout), done, cfg.consistency, cfg.staleness)
     numels = bucket_numels(cfg, layout)
     if model == cm.HIERARCHICAL_MODEL:
         from ..sync.ring import chunk_sizes
@@ -188,12 +189,12 @@ def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: floa
 def vector_of(cfg: TrainConfig, alpha_s: float):
     """The numpy replay of this run, where one exists: the flat ring with one worker per host
     (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
-    the PS with dedicated servers, one worker per host and no tbf burst (``vector_ps.VectorPS``, a fluid);
-    else None (the flow network)."""
+    the PS with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a
+    fluid); else None (the flow network)."""
     model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
     ring_like = model == cm.HIERARCHICAL_MODEL or (model == cm.RING_MODEL and cfg.per_host == 1)
     if not ring_like and not (strategies.uses_servers(cfg.sync) and cfg.per_host == 1
-                              and burst_bytes(cfg.link_burst) == 0):
+                              and burst_bytes(cfg.link_burst) == 0 and cfg.consistency == "bsp"):
         return None
     layout = layout_of(cfg)
     rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps

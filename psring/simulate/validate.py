@@ -19,7 +19,7 @@ from ..config import ConfigError, TrainConfig
 from .run import check, simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
-           "compare_emulated", "bandwidth_hidden", "bandwidth_repeats")
+           "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")
 COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model",
            "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "link_bound", "replayed"]
 

@@ -131,7 +131,7 @@ CREDITED_DRAIN_CHUNKS = 4
 
 # The CPU the PS takes on one machine's cores, all sides (workers, servers, the kernel's veth and tbf):
 # per byte a worker moves (M each way) and per pushpull. Fitted to the 24 runs of
-# results/overlap_chunks (this project's 2-core Intel Xeon; each within 0.88-1.14x of the fit).
+# results/overlap_chunks (this project's 2-core Intel Xeon; each within 0.89-1.14x of the fit).
 CPU_PER_BYTE_S = 1.1e-9
 CPU_PER_MESSAGE_S = 0.93e-3
 # The share of the cores the PS may take at its bound before CPU contention costs more than smaller
@@ -187,6 +187,24 @@ def default_window(servers: int, link_known: bool) -> int:
     """Credits per server: ``ceil(IN_FLIGHT / S)`` on a known link, 0 (no limit) on loopback, where
     there is no link to schedule and every message sent at once is fastest."""
     return max(1, math.ceil(IN_FLIGHT / servers)) if link_known else 0
+
+
+def waits_for_round(consistency: str, staleness: int) -> bool:
+    """Whether a reply waits for every worker's whole round at its server: SSP with k = 0 answers a push of
+    step t once every worker has pushed all of the server's chunks of step t (``consistency``). A window
+    of unanswered pushpulls smaller than a server's chunks would then deadlock (found by ``psring
+    simulate``'s replay: the emulated run hung), so there is none. With k >= 1 the slowest worker's
+    replies are always ready, and BSP and ASP answer per chunk."""
+    return consistency == "ssp" and staleness == 0
+
+
+def window_for(window: int | None, servers: int, link_known: bool, consistency: str = "bsp",
+               staleness: int = 2) -> int:
+    """Credits per server a worker uses: ``--ps-window`` (None: ``default_window``), and none where a reply
+    waits for the whole round (``waits_for_round``; ``config_checks`` refuses a window given there)."""
+    if waits_for_round(consistency, staleness):
+        return 0
+    return default_window(servers, link_known) if window is None else window
 
 
 # Credits of the priority scheduler (``--ps-credit-mb``), in chunks: enough to keep the worker's link busy

@@ -38,7 +38,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import credits_fit, default_window, drain_chunks
+from .sharding import credits_fit, drain_chunks, window_for
 from .transport import chunk_ranges
 
 
@@ -57,7 +57,7 @@ class PSSync(Synchronizer):
         chunks are then fitted to them (``sharding.fitted_chunk_bytes``, at most ``bucket_mb``; with
         one server too, splitting tensors) and sent under a window of credits.
         ``window``: the most pushpulls of this worker unanswered at one server; 0: no limit; None:
-        ``sharding.default_window`` (no limit where the links are unknown). ``shared_cores``: the cores
+        ``sharding.window_for`` (no limit where the links are unknown). ``shared_cores``: the cores
         every worker and server share (an emulated cluster), which cap how small the chunks get."""
         super().__init__(rank, world, device)
         session.check_addrs(addrs)
@@ -75,7 +75,8 @@ class PSSync(Synchronizer):
         probed, self.links_Bps, self.tuned = session.probed_links(
             self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
         known = self.links_Bps is not None
-        self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
+        self.window = window_for(self.window_opt, len(self.addrs), known, self.semantics.consistency,
+                                 self.semantics.staleness)
         drain = drain_chunks(self.overlap, self.credit_mb, self.links_Bps, self.world, len(self.addrs))
         ranges = chunk_ranges(self.layout, self.world, len(self.addrs), self.links_Bps, self.cap, self.shares,
                               drain, self.shared_cores)
