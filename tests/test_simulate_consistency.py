@@ -93,3 +93,12 @@ def test_the_committed_emulated_runs_are_what_the_readme_says_and_the_replay_mat
     v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
     v = v[v["folder"] == "consistency_emulated"]
     assert len(v) == 4 and (v["replayed"] == "yes").all() and ((v["step_ratio"] - 1).abs() < 0.03).all()
+
+
+def test_worker_throughput_counts_each_worker_at_its_own_pace(tmp_path):
+    """``worker_samples_per_s`` (metrics/summary.py): under BSP the same as ``samples_per_s``; under ASP the fast
+    workers' own pace counts, where ``samples_per_s`` (each step's slowest worker) reads the straggler's."""
+    bsp = simulate(_cfg(), tmp_path / "bsp")
+    asp = simulate(_cfg(consistency="asp"), tmp_path / "asp")
+    assert bsp["worker_samples_per_s"] == pytest.approx(bsp["samples_per_s"], rel=0.01)
+    assert asp["worker_samples_per_s"] > 1.2 * asp["samples_per_s"]

@@ -53,6 +53,10 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
         "step_s_p99": _num(wall.quantile(0.99)),
         "step_s_mean": _num(wall.mean()),
     }
+    if "rank" in timed:  # each worker at its own pace: under ASP/SSP faster ones do not wait for the slowest
+        own = timed.groupby("rank")[["samples", "step_s"]].sum()
+        out["worker_samples_per_s"] = _num((own["samples"] / own["step_s"]).sum()) if (own["step_s"] > 0).all() \
+            else None
     for ph in PHASES + [p for p in SYNC_PARTS if p in steps.columns]:
         col = pd.to_numeric(timed[ph], errors="coerce") if ph in timed else None
         ok = col is not None and col.notna().all()
