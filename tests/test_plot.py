@@ -50,6 +50,7 @@ EXPECTED = {
     "models": {"models"},
     "gpu": {"breakdown"},  # several models, but on loopback: no link to bound them (has_models)
     "scale": {"scale", "scale_jitter"},
+    "scale_consistency": {"consistency"},  # and nothing the scale grid draws (has_scale: BSP only, with no jitter)
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }

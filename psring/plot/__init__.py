@@ -14,7 +14,8 @@ What is drawn depends on what the folder holds:
   (``experiments/models.toml``) -> ``models`` alone (each strategy's sync time per model beside its bound,
   and over each model's M/B);
   a simulated sweep over many N (``experiments/scale.toml``) -> ``scale`` and ``scale_jitter`` alone
-  (``plot/scale.py``);
+  (``plot/scale.py``); one over BSP, SSP and ASP (``experiments/scale_consistency.toml``) -> ``consistency`` alone
+  (``plot/consistency.py``: each worker at its own pace);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -60,6 +61,7 @@ from .compression import figure_compression, figure_seed_spread, figure_time_to_
 from .convergence import accuracy_runs, figure_convergence
 from .message_size import figure_message_size, load_bench
 from .models import figure_models, has_models
+from .consistency import figure_consistency, has_consistency
 from .overlap import figure_overlap, has_overlap_grid
 from .priority import figure_priority, pick_step
 from .ps_step import animate_ps_step, figure_ps_step, pick_ps_step
@@ -141,6 +143,8 @@ def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tupl
         jittered = not jitter_cost(runs).query("rate_gbit == 25 and alpha_us == 20").empty
         return save(figure_scale(runs), out, "scale", formats) + \
             (save(figure_scale_jitter(runs), out, "scale_jitter", formats) if jittered else [])
+    if has_consistency(runs):  # BSP/SSP/ASP (experiments/scale_consistency.toml): each worker at its own pace
+        return save(figure_consistency(runs), out, "consistency", formats)
     if has_models(runs):  # several models (experiments/models.toml): each strategy per model beside its bound
         return save(figure_models(runs), out, "models", formats)
     if has_codecs(runs):  # a sweep over codecs: their sync time and bytes side by side

@@ -44,7 +44,7 @@ def has_overlap_grid(runs: pd.DataFrame) -> bool:
     if not {"overlap", "compute", "step_s_p50", "net"} <= set(runs.columns) or runs["overlap"].nunique() < 2:
         return False
     df = overlap_table(runs)
-    return not df.empty and (df.groupby("panel")["ratio"].nunique() > 1).any()
+    return not df.empty and (df.groupby("panel")["ratio"].agg(lambda r: r.round(2).nunique()) > 1).any()
 
 
 def figure_overlap(runs: pd.DataFrame):

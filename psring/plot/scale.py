@@ -31,10 +31,12 @@ def _order(name: str) -> int:
 
 
 def has_scale(runs: pd.DataFrame) -> bool:
-    """A replayed sweep over many N with the settings these figures split on (``experiments/scale.toml``)."""
+    """A replayed sweep over many N with the settings these figures split on (``experiments/scale.toml``): some
+    runs without jitter (the curves), all BSP (``results/scale_consistency`` compares consistency models)."""
     need = {"simulated", "jitter", "alpha_us", "link_rate", "model", "efficiency"}
+    bsp = runs["consistency"].fillna("bsp").eq("bsp").all() if "consistency" in runs else True
     return need <= set(runs.columns) and runs["simulated"].fillna(False).astype(bool).any() and \
-        runs["workers"].nunique() >= 4
+        runs["workers"].nunique() >= 4 and runs["jitter"].eq("none").any() and bsp
 
 
 def arrangement(row) -> str:
