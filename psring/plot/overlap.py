@@ -39,18 +39,23 @@ def panel_label(r) -> str:
     return s + (f", {r['link_rate']}" if isinstance(r.get("link_rate"), str) else "")
 
 
+def grid_panels(df: pd.DataFrame) -> list[str]:
+    """The panels of an ``overlap_table`` run at more than one compute:comm (to 2 decimals: a run's own chunk
+    moves its comm bound a little), in strategy order."""
+    panels = [p for p, g in df.groupby("panel") if g["ratio"].round(2).nunique() > 1]
+    return sorted(panels, key=lambda p: order_key(df[df["panel"] == p]["sync"].iloc[0]))
+
+
 def has_overlap_grid(runs: pd.DataFrame) -> bool:
     """Whether a run table holds some strategy's modes at more than one compute:comm."""
     if not {"overlap", "compute", "step_s_p50", "net"} <= set(runs.columns) or runs["overlap"].nunique() < 2:
         return False
-    df = overlap_table(runs)
-    return not df.empty and (df.groupby("panel")["ratio"].agg(lambda r: r.round(2).nunique()) > 1).any()
+    return bool(grid_panels(overlap_table(runs)))
 
 
 def figure_overlap(runs: pd.DataFrame):
     df = overlap_table(runs)
-    panels = [p for p, g in df.groupby("panel") if g["ratio"].round(2).nunique() > 1]
-    panels.sort(key=lambda p: order_key(df[df["panel"] == p]["sync"].iloc[0]))
+    panels = grid_panels(df)
     fig, axes = new_figure(5.2 * len(panels), 4.2, ncols=len(panels), sharey=False)
     for ax, p in zip(axes[0], panels):
         g = df[df["panel"] == p]

@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import credits_fit, default_window, drain_chunks
+from .sharding import credits_fit, drain_chunks, window_for
 from .transport import chunk_ranges
 
 
@@ -58,7 +58,8 @@ class PSAggregate(Reducer):
         self.probed, self.links_Bps, self.tuned = session.probed_links(
             self.addrs, self.rank, self.timeout_s, self.frame_bytes, self.curve, self.links_Bps, self.link_tuning)
         known = self.links_Bps is not None
-        self.window = default_window(len(self.addrs), known) if self.window_opt is None else self.window_opt
+        self.window = window_for(self.window_opt, len(self.addrs), known, self.semantics.consistency,
+                                 self.semantics.staleness)
         self.drain = drain_chunks(self.overlap, self.credit_mb, self.links_Bps, self.world, len(self.addrs))
         return chunk_ranges(layout, self.world, len(self.addrs), self.links_Bps, cap_bytes, self.shares,
                             self.drain, self.shared_cores)

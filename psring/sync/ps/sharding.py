@@ -155,9 +155,9 @@ def cores_chunks(m_bytes: int, workers: int, servers: int, bound_s: float, cores
 def drain_chunks(overlap: str, credit_mb: float | None, links_Bps: tuple[float, float] | None, workers: int,
                  servers: int) -> float:
     """The drain ``fitted_chunk_bytes`` weighs: ``CREDITED_DRAIN_CHUNKS`` where credits pace the pushes
-    (``--ps-credit-mb``, else ``credits_fit``) and the next forward waits for the last replies
-    (``--overlap full``), else 1."""
-    credited = credit_mb > 0 if credit_mb is not None else credits_fit(links_Bps, workers, servers)
+    (``credit_bytes``, as the worker's transport gets them) and the next forward waits for the last
+    replies (``--overlap full``), else 1."""
+    credited = credit_bytes(credit_mb, overlap, credits_fit(links_Bps, workers, servers), 1) > 0
     return CREDITED_DRAIN_CHUNKS if overlap == "full" and credited else 1.0
 
 
