@@ -76,15 +76,20 @@ def cost_model(sync) -> str | None:
 
 def ps_chunks_per_server(row, n: int, s: int, m_bytes: float) -> int:
     """k, the chunks per server a ps run with ``row``'s settings uses at N = n, S = s: its chunk size
-    fitted to its emulated link as ``PSSync`` fits it (``sharding.chunk_bytes``, with the drain and the
-    shared cores the run recorded), capped by ``bucket_mb``;
+    the chunk the run recorded where its links were fitted and (n, s) are its own, else as ``PSSync`` fits it
+    (``sharding.chunk_bytes``, with the drain and the shared cores the run recorded), capped by ``bucket_mb``;
     with unequal shares (``--ps-placement mixed``), the rounds ``sharding.plan_shared`` cuts."""
     cap = int(float(row["bucket_mb"]) * 2**20) if is_num(row.get("bucket_mb")) else PS_DEFAULT_CAP
     links = cm.emulated_links_Bps(row.get("net"), row.get("link_rate"), row.get("server_link_rate"),
                                   row.get("link_tuning") if isinstance(row.get("link_tuning"), str) else "auto")
     drain = float(row["chunk_drain"]) if is_num(row.get("chunk_drain")) else 1.0  # (runs before it: 1)
     cores = int(row["chunk_cores"]) if is_num(row.get("chunk_cores")) and row["chunk_cores"] > 0 else None
-    size = chunk_bytes(int(m_bytes), n, s, links, cap, drain, cores)
+    recorded, own = row.get("chunk_bytes"), is_num(row.get("workers")) and is_num(row.get("servers")) \
+        and (int(row["workers"]), int(row["servers"])) == (n, s)
+    if links is not None and own and is_num(recorded) and recorded > 0:
+        size = int(recorded)  # the chunk the run cut (probed links, or a fit since retuned)
+    else:
+        size = chunk_bytes(int(m_bytes), n, s, links, cap, drain, cores)
     shares = server_shares(placement_of(row), n // per_host(row), s)
     return shared_rounds(int(m_bytes), shares, size) if shares else chunks_per_server(int(m_bytes), s, size)
 

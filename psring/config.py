@@ -98,7 +98,7 @@ class TrainConfig:
                                 "emulated, else no limit; 0 = no limit)", section="ps",
                                 check=at_least(0, " (0 = no limit)"))
     ps_credit_mb: float | None = opt(None, "MB of pushes not yet received; pushes leave by priority within them from a "
-                                     "thread of their own (default: 2 chunks on --net emulated, --overlap backward|"
+                                     "thread of their own (default: max(2, N/2) chunks on --net emulated, --overlap backward|"
                                      "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
                                      section="ps", check=at_least(0, " (0 = FIFO per server)"))
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)

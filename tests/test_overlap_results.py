@@ -90,7 +90,7 @@ def test_repeats_put_the_ps_gain_and_the_n8_points_in_their_spread():
     assert len(gains) == 3 and gains.min() >= 1.15  # the full-aware chunk fit: 1.18-1.20 (before: 1.145-1.171)
     assert (at(rep, sync="ps", workers=4, overlap="full")["step_over_bound"] <= 1.06).all()
     full8 = at(rep, workers=8, overlap="full").set_index("sync")["step_over_bound"]
-    assert full8["ring"] <= 1.05 and full8["ps"] <= 1.10
+    assert full8["ring"] <= 1.05 and full8["ps"] <= 1.10  # ps: 65 KB chunks, four credits (1.095)
 
 
 def test_the_pss_no_overlap_points_with_the_rate_hidden_stay_at_their_bound():
@@ -101,18 +101,19 @@ def test_the_pss_no_overlap_points_with_the_rate_hidden_stay_at_their_bound():
 
 
 def test_the_ps_at_n8_with_full_sits_at_its_target_and_is_not_cpu_bound():
-    """results/overlap_ps8's README: with the full-aware chunk the default credits read 1.090-1.103x (median
-    1.091) in three draws, four chunks no different, and the same point at 50 Mbit 1.06-1.09x with less CPU."""
+    """results/overlap_ps8's README: with 65 KB chunks the default credits (four chunks) read 1.075-1.107x
+    (median 1.090) in three draws, two chunks within 1% of them, and the same point at 50 Mbit 1.06-1.07x with
+    less CPU."""
     df = table("overlap_ps8")
     assert (df["status"] == "ok").all() and not df["cpu_saturated"].astype(bool).any() and len(df) == 8
-    assert (df["chunk_drain"] == 4).all()
+    assert (df["chunk_drain"] == 4).all() and (df["chunk_bytes"] < 66_000).all()
     fast = at(df, link_rate="100mbit")
-    default, four = fast[fast["ps_credit_mb"].isna()], fast[fast["ps_credit_mb"] == 0.37]
-    assert len(default) == len(four) == 3
-    assert default["step_over_bound"].between(1.08, 1.105).all() and default["step_over_bound"].median() <= 1.10
-    assert abs(four["step_over_bound"].median() - default["step_over_bound"].median()) < 0.01
+    default, two = fast[fast["ps_credit_mb"].isna()], fast[fast["ps_credit_mb"] == 0.1239]
+    assert len(default) == len(two) == 3
+    assert default["step_over_bound"].between(1.07, 1.11).all() and default["step_over_bound"].median() <= 1.10
+    assert abs(two["step_over_bound"].median() - default["step_over_bound"].median()) < 0.01
     half = at(df, link_rate="50mbit")
-    assert len(half) == 2 and half["step_over_bound"].between(1.05, 1.10).all()
+    assert len(half) == 2 and half["step_over_bound"].between(1.05, 1.08).all()
     assert half["cpu_util_sync"].max() < default["cpu_util_sync"].min()
 
 
@@ -122,7 +123,7 @@ def test_overlap_chunks_claims():
     at N=4, 1 Gbit (CPU-bound) they do not help."""
     df = table("overlap_chunks")
     df = df.assign(fitted=df["bucket_mb"] == 4.0)
-    assert (df["status"] == "ok").all() and len(df) == 24
+    assert (df["status"] == "ok").all() and len(df) == 30
 
     def ratios(n, rate, mode, fitted):
         got = at(df, workers=n, link_rate=rate, overlap=mode)
@@ -142,12 +143,23 @@ def test_overlap_chunks_claims():
     assert h4["step_over_bound"].median() > g4["step_over_bound"].median() > 1.15
     assert (at(df, workers=4, link_rate="1gbit")["cpu_util_sync"].fillna(0.9) > 0.75).all()
     # the CPU model the full-aware fit caps the chunks with (sharding.cores_chunks) is these runs' own
-    from psring.sync.ps.sharding import CPU_PER_BYTE_S, CPU_PER_MESSAGE_S
+    from psring.sync.ps.sharding import CORE_SHARE, CPU_PER_BYTE_S, CPU_PER_MESSAGE_S
 
     m = 44_695_848
     cpu_s = df["cpu_util"] * 2 * df["step_s_p50"]  # both cores' seconds a step
     model = CPU_PER_BYTE_S * 2 * df["workers"] * m + CPU_PER_MESSAGE_S * df["workers"] * m / df["chunk_bytes"]
-    assert (model / cpu_s).between(0.85, 1.15).all()
+    slow = df["link_rate"] == "500mbit"  # fitted to the 24 others; these take more than it says
+    assert (model / cpu_s)[~slow].between(0.85, 1.15).all() and (model / cpu_s)[slow].between(0.7, 1.0).all()
+    # at 500 Mbit the chunk between the old cap's (349 KB, fitted) and the saturating one gains in both rounds;
+    # CORE_SHARE lies between the model's share of the cores (over M/B) of the gaining chunk and the losing ones
+    share = model / (2 * m / (500e6 / 8))
+    f5 = ratios(4, "500mbit", "full", True)
+    mid, low = (ratios(4, "500mbit", "full", False).query(f"bucket_mb == {b}") for b in (0.2, 0.14))
+    assert mid["step_s_p50"].max() < f5["step_s_p50"].min() and (mid["step_over_bound"] < 1.13).all()
+    assert low["cpu_saturated"].astype(bool).all()
+    assert share[mid.index].max() <= CORE_SHARE < share[low.index].min()
+    g4_share = model[g4.index] / (2 * m / 125e6)
+    assert CORE_SHARE < g4_share.min()
 
 
 def test_overlap_n8_1gbit_claims():
@@ -180,6 +192,7 @@ def test_overlap_rate_ladder_claims():
         assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.13
     gig = at(df, link_rate="1gbit", overlap="full").set_index("sync")["cpu_at_bound"]
     assert gig["ps"] > 1.0 and gig["ring"] > 1.5
-    # not all of it is the CPU: the PS's full at 500 Mbit is 1.15x with about half the cores at its bound
+    # not all of it is the CPU: the PS's full at 500 Mbit (its chunk fitted with CORE_SHARE 0.85) is 1.12x with
+    # three quarters of the cores at its bound
     mid = at(df, sync="ps", link_rate="500mbit", overlap="full").iloc[0]
-    assert mid["step_over_bound"] > 1.10 and mid["cpu_at_bound"] < 0.6
+    assert 1.10 < mid["step_over_bound"] < 1.13 and mid["cpu_at_bound"] < 0.8 and mid["chunk_bytes"] < 210_000

@@ -12,17 +12,22 @@ from test_ps_state import SGD, Tiny, live_server, train
 from psring.config import OptimConfig
 from psring.sync.ps.client import PSClient
 from psring.sync.ps.comm import LocalChannel, PSComm
-from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes, credits_fit, servers_narrower
+from psring.sync.ps.sharding import CREDIT_CHUNKS, credit_bytes, credit_chunks, credits_fit, servers_narrower
 from psring.sync.ps.synchronizer import make_ps
 from psring.sync.ps.transport import parse_message
 
 
-def test_default_credits_are_two_chunks_where_the_link_is_known_and_compute_overlaps():
-    assert credit_bytes(None, "full", True, 100_000) == CREDIT_CHUNKS * 100_000 == credit_bytes(None, "backward",
-                                                                                                 True, 100_000)
-    assert credit_bytes(None, "none", True, 100_000) == 0  # all of it after backward: FIFO, measured at the bound
-    assert credit_bytes(None, "full", False, 100_000) == 0  # loopback: nothing to schedule, everything at once
-    assert credit_bytes(0.5, "none", False, 1) == 1 << 19 and credit_bytes(0.0, "full", True, 1) == 0
+def test_default_credits_are_chunks_where_the_link_is_known_and_compute_overlaps():
+    link = (12.5e6, 12.5e6)
+    two = credit_chunks(link, 4, 4)
+    assert two == CREDIT_CHUNKS == credit_chunks(link, 2, 2)
+    assert credit_bytes(None, "full", two, 100_000) == CREDIT_CHUNKS * 100_000 == credit_bytes(None, "backward",
+                                                                                               two, 100_000)
+    assert credit_chunks(link, 8, 8) == 4  # one per two workers: N copies of a chunk converge on its server
+    assert credit_bytes(None, "none", two, 100_000) == 0  # all of it after backward: FIFO, measured at the bound
+    assert credit_chunks(None, 4, 4) == 0 == credit_bytes(None, "full", 0, 100_000)  # loopback: no link
+    assert credit_chunks(link, 8, 1) == 0  # the server's link is the narrow side
+    assert credit_bytes(0.5, "none", 0, 1) == 1 << 19 and credit_bytes(0.0, "full", two, 1) == 0
 
 
 def test_no_default_credits_where_the_servers_links_are_the_narrower_side():

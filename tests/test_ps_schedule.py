@@ -56,9 +56,10 @@ def test_full_overlap_under_credits_fits_smaller_chunks_where_the_shared_cores_h
     assert cores_chunks(M, 4, 4, M / GBIT, 2) < M / (4 * fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20))
     assert fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20, drain_chunks=4, shared_cores=2) == \
         fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20)
-    # N = 8, 100 Mbit: between the two, as many chunks as the cores' share allows
-    plain, drained = (fitted_chunk_bytes(M, 8, 8, MBIT100, MBIT100, 4 << 20, drain_chunks=d) for d in (1, 4))
-    capped = fitted_chunk_bytes(M, 8, 8, MBIT100, MBIT100, 4 << 20, drain_chunks=4, shared_cores=2)
+    # N = 4, 500 Mbit: between the two, as many chunks as the cores' share allows
+    mbit500 = GBIT / 2
+    plain, drained = (fitted_chunk_bytes(M, 4, 4, mbit500, mbit500, 4 << 20, drain_chunks=d) for d in (1, 4))
+    capped = fitted_chunk_bytes(M, 4, 4, mbit500, mbit500, 4 << 20, drain_chunks=4, shared_cores=2)
     assert drained < capped < plain
     # hosts of their own (a torchrun cluster, the simulator): the drain alone decides
     assert fitted_chunk_bytes(M, 4, 4, GBIT, GBIT, 4 << 20, drain_chunks=4) < \

@@ -22,7 +22,7 @@ from ..reducer import Handle, Reducer
 from . import session
 from .client import PSClient
 from .consistency import Semantics
-from .sharding import credits_fit, drain_chunks, window_for
+from .sharding import credit_chunks, drain_chunks, window_for
 from .transport import chunk_ranges
 
 
@@ -71,7 +71,7 @@ class PSAggregate(Reducer):
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
             resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
-            client=self.probed, credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
+            client=self.probed, credit_chunks=credit_chunks(self.links_Bps, self.world, len(self.addrs)))
         self.tuned.update(session.chunk_fit(buckets, self.drain, self.shared_cores))
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec

@@ -113,8 +113,8 @@ def fitted_chunk_bytes(m_bytes: int, workers: int, servers: int, worker_Bps: flo
 
     >>> fitted_chunk_bytes(44_695_848, 8, 8, 12.5e6, 12.5e6, 4 << 20)  # ResNet-18, N=S=8, 100 Mbit: k=48
     116395
-    >>> fitted_chunk_bytes(44_695_848, 8, 8, 12.5e6, 12.5e6, 4 << 20, drain_chunks=4, shared_cores=2)  # k=58
-    96327
+    >>> fitted_chunk_bytes(44_695_848, 4, 4, 62.5e6, 62.5e6, 4 << 20, drain_chunks=4, shared_cores=2)  # k=55
+    203162
     """
     bound_s = max(m_bytes / worker_Bps, workers * m_bytes / (servers * server_Bps))
     plain = max(1, math.ceil(math.sqrt(bound_s / (workers * message_cost_s))))
@@ -134,10 +134,11 @@ CREDITED_DRAIN_CHUNKS = 4
 # results/overlap_chunks (this project's 2-core Intel Xeon; each within 0.89-1.14x of the fit).
 CPU_PER_BYTE_S = 1.1e-9
 CPU_PER_MESSAGE_S = 0.93e-3
-# The share of the cores the PS may take at its bound before CPU contention costs more than smaller
-# chunks gain: the chunks that helped there took 0.32-0.69 of both cores at the bound, those that did
-# not 0.98-1.3 (N = 4, 1 Gbit).
-CORE_SHARE = 0.6
+# The share of the cores the PS may take, by this model, over a step's communication bound T before CPU
+# contention costs more than smaller chunks gain (results/overlap_chunks): the chunks that helped took
+# 0.32-0.84 of both cores (N = 4 at 500 Mbit: 207 KB, 0.84, gained 4% on 349 KB), those that did not
+# 0.98-1.3 (N = 4: 1 Gbit, and 145 KB at 500 Mbit).
+CORE_SHARE = 0.85
 
 
 def cores_chunks(m_bytes: int, workers: int, servers: int, bound_s: float, cores: int) -> int:
@@ -146,7 +147,7 @@ def cores_chunks(m_bytes: int, workers: int, servers: int, bound_s: float, cores
     alone take more.
 
     >>> cores_chunks(44_695_848, 2, 2, 0.374, 2), cores_chunks(44_695_848, 4, 4, 0.374, 2)
-    (67, 3)
+    (118, 16)
     """
     spare_s = CORE_SHARE * cores * bound_s - CPU_PER_BYTE_S * 2 * workers * m_bytes
     return max(0, int(spare_s / (CPU_PER_MESSAGE_S * workers * servers)))
@@ -157,7 +158,7 @@ def drain_chunks(overlap: str, credit_mb: float | None, links_Bps: tuple[float, 
     """The drain ``fitted_chunk_bytes`` weighs: ``CREDITED_DRAIN_CHUNKS`` where credits pace the pushes
     (``credit_bytes``, as the worker's transport gets them) and the next forward waits for the last
     replies (``--overlap full``), else 1."""
-    credited = credit_bytes(credit_mb, overlap, credits_fit(links_Bps, workers, servers), 1) > 0
+    credited = credit_bytes(credit_mb, overlap, credit_chunks(links_Bps, workers, servers), 1) > 0
     return CREDITED_DRAIN_CHUNKS if overlap == "full" and credited else 1.0
 
 
@@ -210,8 +211,22 @@ def window_for(window: int | None, servers: int, link_known: bool, consistency: 
 # Credits of the priority scheduler (``--ps-credit-mb``), in chunks: enough to keep the worker's link busy
 # while a push's ack comes back, few enough that a chunk the next forward needs first waits behind little.
 # Measured on emulated 100 Mbit links, N = S = 4, ResNet-18 (164 KB chunks), --overlap full: 0.3 MB of
-# credits 4.88 s a step, 1 MB 5.00 s, 4 MB 5.53 s (the bound: 4.53 s).
+# credits 4.88 s a step, 1 MB 5.00 s, 4 MB 5.53 s (the bound: 4.53 s). At least this many, and one per two
+# workers (``credit_chunks``): every worker pushes a chunk to the same server at about the same time, so an
+# ack comes back once N copies crossed that server's link. At N = S = 8, 100 Mbit (65 KB chunks,
+# results/overlap_ps8) four chunks took 1.075-1.107x the bound against 1.088-1.108x for two, and five
+# 1.065-1.091x against 1.093-1.105x in an earlier draw: more credits faster in five of six alternating pairs.
 CREDIT_CHUNKS = 2
+
+
+def credit_chunks(links_Bps: tuple[float, float] | None, workers: int, servers: int) -> int:
+    """The default credits in chunks: ``max(CREDIT_CHUNKS, N // 2)`` where they suit the links
+    (``credits_fit``), else 0 (none: FIFO per server under the window).
+
+    >>> credit_chunks((12.5e6, 12.5e6), 4, 4), credit_chunks((12.5e6, 12.5e6), 8, 8), credit_chunks(None, 8, 8)
+    (2, 4, 0)
+    """
+    return max(CREDIT_CHUNKS, workers // 2) if credits_fit(links_Bps, workers, servers) else 0
 
 
 def servers_narrower(links_Bps: tuple[float, float], workers: int, servers: int) -> bool:
@@ -230,11 +245,11 @@ def credits_fit(links_Bps: tuple[float, float] | None, workers: int, servers: in
     return links_Bps is not None and not servers_narrower(links_Bps, workers, servers)
 
 
-def credit_bytes(credit_mb: float | None, overlap: str, link_known: bool, chunk_bytes: int) -> int:
+def credit_bytes(credit_mb: float | None, overlap: str, chunks: int, chunk_bytes: int) -> int:
     """``--ps-credit-mb`` in bytes (0: no priority scheduler, FIFO per server under the window). Unset:
-    ``CREDIT_CHUNKS`` chunks where the link is known and communication overlaps compute; else 0 (with
-    ``--overlap none`` every chunk leaves after backward, where FIFO under the window measured within
-    3% of the bound)."""
+    ``chunks`` chunks (``credit_chunks``: 0 where the link is unknown) where communication overlaps
+    compute; else 0 (with ``--overlap none`` every chunk leaves after backward, where FIFO under the
+    window measured within 3% of the bound)."""
     if credit_mb is not None:
         return int(credit_mb * 2**20)
-    return CREDIT_CHUNKS * chunk_bytes if link_known and during_backward(overlap) else 0
+    return chunks * chunk_bytes if during_backward(overlap) else 0

@@ -38,7 +38,7 @@ from ..overlap import Waits, buckets_of, install_gates
 from . import session
 from .client import PSClient
 from .consistency import Semantics, check_semantics
-from .sharding import credits_fit, drain_chunks, window_for
+from .sharding import credit_chunks, drain_chunks, window_for
 from .transport import chunk_ranges
 
 
@@ -87,7 +87,7 @@ class PSSync(Synchronizer):
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
             error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
             overlap=self.overlap, client=probed,
-            credits_fit=credits_fit(self.links_Bps, self.world, len(self.addrs)))
+            credit_chunks=credit_chunks(self.links_Bps, self.world, len(self.addrs)))
         self.tuned.update(session.chunk_fit(self.buckets.buckets, drain, self.shared_cores))
         self.deferred: list[Bucket] = []
         if self.full:
