@@ -94,7 +94,11 @@ def test_jitter_makes_bsp_wait_for_the_slowest(tmp_path):
 def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
     v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
     done = v[(v["replayed"] == "yes") & v["link_bound"]]
-    assert len(done) >= 70, len(done)
+    assert len(done) >= 110, len(done)
+    # overlapped runs are held on their step: their sync is only what the overlap left unhidden (0.1-3 s)
+    hidden = done["overlap"] != "none"
+    assert hidden.sum() >= 45 and (done[hidden]["step_ratio"] - 1).abs().max() <= 0.10
+    done = done[~hidden]
     out = done[(done["sync_ratio"] - 1).abs() > 0.10]
     assert {(r.folder, r.sync, r.model) for r in out.itertuples()} <= KNOWN, out[["folder", "run_id", "sync_ratio"]]
     for run in v.itertuples():  # every run folder it reads is in the table, and the others say why not

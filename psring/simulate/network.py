@@ -133,10 +133,11 @@ class Network:
         return changed
 
     def _refill_event(self, used: list[float]) -> float:
-        """When a dry link has a packet's worth of tokens again (it runs below its rate)."""
+        """When a dry link has a packet's worth of tokens again (it runs below its rate). A link whose rate
+        is the veth's own (``peak_Bps``) is never dry: its bucket changes nothing."""
         return min((self.now + (REFILL - self.tokens[k]) / (self.rates[k] - u) for k, u in enumerate(used)
-                    if self.burst > 0 and self.caps[k] == self.rates[k] and u < self.rates[k] - EPS),
-                   default=math.inf)
+                    if self.burst > 0 and self.caps[k] == self.rates[k] and u < self.rates[k] - EPS
+                    and self.tokens[k] < REFILL), default=math.inf)
 
     def run(self) -> None:
         """Advance until nothing is left to happen."""

@@ -130,6 +130,30 @@ class _Ring:
         self.prog._ring_done(self.members[i])
 
 
+class Connections:
+    """Named connections on ``net``, each sending its messages one after the other (a TCP connection's
+    order): ``send(conn, src, dst, nbytes, then)``."""
+
+    def __init__(self, net: Network):
+        self.net, self.queues = net, {}
+
+    def send(self, conn, src: int, dst: int, nbytes: float, then: Callable[[], None]) -> None:
+        q = self.queues.setdefault(conn, [])
+        q.append((src, dst, nbytes, then))
+        if len(q) == 1:
+            self._next(conn)
+
+    def _next(self, conn) -> None:
+        src, dst, nbytes, then = self.queues[conn][0]
+
+        def sent():
+            self.queues[conn].pop(0)
+            if self.queues[conn]:
+                self._next(conn)
+            then()
+        self.net.send(src, dst, nbytes, sent)
+
+
 class PSProgram:
     """Dedicated servers on hosts ``server_host[s]``; ``chunks``: (server, bytes) in chunk order."""
 
@@ -140,7 +164,7 @@ class PSProgram:
         self.workers = len(host_of)
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
         self.chunks, self.window = chunks, window
-        self.connections: dict = {}  # (worker, "up"|"down", server) -> its messages, sent one after the other
+        self._fifo = Connections(net).send  # (worker, "up"|"down", server): its messages one after the other
         self.answered = [0] * self.workers
         self.sent = [0.0] * self.workers
         self.arrived = [0] * len(chunks)
@@ -168,23 +192,6 @@ class PSProgram:
             self._fifo((w, "up", s), self.host_of[w], self.server_host[s], self.chunks[c][1],
                        lambda c=c, w=w, t=self.steps[w] - 1: self._pushed(c, w, t))
             self.sent[w] += self.chunks[c][1]
-
-    def _fifo(self, conn, src: int, dst: int, nbytes: float, then: Callable[[], None]) -> None:
-        """One connection sends its messages one after the other."""
-        q = self.connections.setdefault(conn, [])
-        q.append((src, dst, nbytes, then))
-        if len(q) == 1:
-            self._next(conn)
-
-    def _next(self, conn) -> None:
-        src, dst, nbytes, then = self.connections[conn][0]
-
-        def sent():
-            self.connections[conn].pop(0)
-            if self.connections[conn]:
-                self._next(conn)
-            then()
-        self.net.send(src, dst, nbytes, sent)
 
     def _pushed(self, c: int, w: int, t: int) -> None:
         if self.consistency != "bsp":

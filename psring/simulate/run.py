@@ -5,7 +5,7 @@ dedicated PS server, every host link ``--link-rate`` each way (the servers' ``--
 payload share, alpha per message (``--alpha-us``, default the emulated link's calibrated 205 us). Compute is
 ``--compute emulated:MS`` (forward 1/3, backward 2/3), each worker's step drawn from ``--jitter`` (``none``,
 ``lognormal:CV``) and stretched by ``--straggler``. The communication after backward (``--overlap none``) is the strategy's plan
-(``programs``); a worker's next step starts once it holds this step's result (under BSP that waits for every
+(``programs``); overlapped with backward, or with the next forward too, the flat ring's (``overlapped``); a worker's next step starts once it holds this step's result (under BSP that waits for every
 worker's pushes; the PS's ASP and SSP replay their own waits, ``programs.PSProgram``).
 
 The output folder gets what a run writes, read by ``psring plot``, ``bounds`` and the notebooks unchanged:
@@ -69,8 +69,10 @@ def check(cfg: TrainConfig) -> float:
     ms = parse_compute(cfg.compute)
     if not ms:
         raise ConfigError(f"psring simulate needs --compute emulated:MS (got {cfg.compute}): it replays time")
-    if during_backward(cfg.overlap) and cfg.workers > 1 and not strategies.is_baseline(cfg.sync):
-        raise ConfigError(f"psring simulate replays --overlap none only so far (got --overlap {cfg.overlap})")
+    ring = strategies.attr(cfg.sync, "reducer") and strategies.attr(cfg.sync, "cost_model") == cm.RING_MODEL
+    if overlapped(cfg) and not (ring or strategies.uses_servers(cfg.sync) and cfg.consistency == "bsp"):
+        raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies and "
+                          f"the BSP PS only so far (got {cfg.sync}, --consistency {cfg.consistency})")
     s = strategies.get(cfg.sync)
     if s.servers and cfg.ps_placement != "dedicated":
         raise ConfigError("psring simulate replays the PS with dedicated servers so far")
@@ -84,6 +86,12 @@ def check(cfg: TrainConfig) -> float:
             raise ConfigError(f"{flag}: {e}") from None
     burst_bytes(cfg.link_burst)
     return ms / 1000
+
+
+def overlapped(cfg: TrainConfig) -> bool:
+    """Whether the run's communication overlaps compute (``--overlap backward|full``, N > 1, a strategy
+    that communicates): ``overlapped.OverlapReplay`` replays it."""
+    return during_backward(cfg.overlap) and cfg.workers > 1 and not strategies.is_baseline(cfg.sync)
 
 
 def burst_bytes(burst: str) -> int:
@@ -161,15 +169,21 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
 
 
 def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US,
-             flows: bool = False) -> dict:
+             flows: bool = False, tuned: dict | None = None) -> dict:
     """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. On a numpy replay
-    where ``vector_of`` has one, unless ``flows`` (the flow network always)."""
+    where ``vector_of`` has one, unless ``flows`` (the flow network always). ``tuned``: an overlapped run's
+    recorded partition or chunk (``partition_bytes``, ``chunk_bytes``: what its probe and cores cut)."""
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    vector = None if flows else vector_of(cfg, alpha_us * 1e-6)
+    vector = None if flows or overlapped(cfg) else vector_of(cfg, alpha_us * 1e-6)
     if vector is not None:
         records = vector_records(cfg, compute, vector)
     else:
-        replay = Replay(cfg, compute, alpha_us * 1e-6)
+        from .overlapped import OverlapReplay
+
+        if overlapped(cfg):
+            replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned)
+        else:
+            replay = Replay(cfg, compute, alpha_us * 1e-6)
         replay.net.run()
         records = replay.records
     return write_run(cfg, out, records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})

@@ -4,7 +4,9 @@ what it measured: ``python -m psring.simulate.validate [--out results/simulate]`
 the run was link-bound) and, for the runs it does not replay, the reason.
 
 A run's own ``config.json`` is simulated as it is (its strategy, N, S, G, links, burst, model, buckets,
-chunks, window, compute, steps and warm-up), with alpha = the emulated link's calibrated 205 us.
+chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated link's calibrated 205 us;
+an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
+cores).
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError, TrainConfig
-from .run import check, simulate
+from .run import check, overlapped, simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
            "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")
-COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model",
+COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap",
            "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "link_bound", "replayed"]
 
 
@@ -44,13 +46,14 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     cfg = TrainConfig.load(run / "config.json")
     base = {"folder": folder, "run_id": row["run_id"], "sync": row["sync"], "workers": int(row["workers"]),
             "servers": int(row["servers"]), "workers_per_host": cfg.per_host, "link_rate": row.get("link_rate"),
-            "model": row["model"], "sync_s": row.get("sync_s_p50"), "step_s": row.get("step_s_p50"),
+            "model": row["model"], "overlap": cfg.overlap, "sync_s": row.get("sync_s_p50"), "step_s": row.get("step_s_p50"),
             "link_bound": not (pd.notna(row.get("cpu_saturated")) and bool(row.get("cpu_saturated")))}
     try:
         check(cfg)  # what the replay does not model: one line, kept as the reason
     except ConfigError as e:
         return {**base, "replayed": f"no: {str(e).split(':')[0][:80]}"}
-    s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"))
+    tuned = {k: float(row[k]) for k in ("partition_bytes", "chunk_bytes") if pd.notna(row.get(k))}
+    s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"), tuned=tuned if overlapped(cfg) else None)
     sim = {"sim_sync_s": s["sync_s_p50"], "sim_step_s": s["step_s_p50"], "replayed": "yes"}
     sim["sync_ratio"] = sim["sim_sync_s"] / base["sync_s"] if base["sync_s"] else None
     sim["step_ratio"] = sim["sim_step_s"] / base["step_s"] if base["step_s"] else None

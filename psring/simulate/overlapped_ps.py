@@ -1,0 +1,110 @@
+"""The PS's chunks leaving while backward makes them (``--overlap backward|full``; dedicated servers, BSP), as
+``sync.ps.transport`` sends them:
+
+* with credits (``credit`` bytes > 0, ``sharding.credit_bytes``): the priority scheduler's pump pushes the
+  ready chunk nearest the model's input first (the highest index) while fewer than ``credit`` bytes of this
+  worker's pushes are not yet acked; a server acks a push the moment it has read it, on the connection its
+  replies take (so an ack waits behind the replies queued before it);
+* without: per server, its chunks in order as they become ready, at most ``window`` unanswered (0: no limit).
+
+A server answers chunk c to every worker (FIFO per connection) once all N pushes of it are in; the update is
+free. ``unit_done(worker, step, chunk)`` when a reply arrives.
+"""
+from __future__ import annotations
+
+from .. import costmodel as cm
+from .programs import Connections
+
+ACK_BYTES = 64  # a pushpull's ack: a msgpack header in one frame
+
+
+def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
+    """(chunk ranges, window, credit bytes) as ``PSSync`` plans them on the links it is told (each host its
+    own cores); ``chunk_bytes``: the chunk a run being replayed cut (its probe, its cores), else fitted here."""
+    from ..sync.buckets import space_sizes
+    from ..sync.ps.sharding import credit_bytes, credit_chunks, drain_chunks, plan_chunks, window_for
+    from ..sync.ps.transport import chunk_ranges
+
+    n, s = cfg.workers, cfg.servers
+    links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
+    if chunk_bytes:
+        ranges = plan_chunks(*space_sizes(layout), s, int(chunk_bytes), split=links is not None)
+    else:
+        drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, n, s)
+        ranges = chunk_ranges(layout, n, s, links, int(cfg.bucket_mb * 2**20), drain=drain)
+    itemsize = layout[0].dtype.itemsize
+    biggest = max((r.end - r.start) * itemsize for r in ranges)
+    credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, n, s), biggest)
+    window = window_for(cfg.ps_window, s, links is not None, cfg.consistency, cfg.staleness)
+    return ranges, window, credit
+
+
+class OverlapPS:
+    def __init__(self, net, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
+                 window: int, credit: int, unit_done):
+        self.net, self.host_of, self.server_host, self.unit_done = net, host_of, server_host, unit_done
+        self.chunks, self.window, self.credit = chunks, window, credit
+        self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
+        n = len(host_of)
+        self._fifo = Connections(net).send  # (worker, "up"|"down", server): its messages one after the other
+        self.ready: list[set] = [set() for _ in range(n)]  # (step, chunk) ready, not yet pushed
+        self.unacked = [0] * n  # bytes pushed, not yet acked (credits)
+        self.next: dict = {}  # (worker, server) -> index into per_server of its next push (FIFO)
+        self.unanswered: dict = {}  # (worker, server) -> pushes without a reply (FIFO under the window)
+        self.arrived: dict = {}  # (step, chunk) -> pushes in at its server
+
+    def step_bytes(self, w: int) -> float:
+        return float(sum(nbytes for _, nbytes in self.chunks))
+
+    def launch(self, w: int, step: int, c: int) -> None:
+        """Chunk c of ``step`` is ready on worker w."""
+        self.ready[w].add((step, c))
+        if self.credit:
+            self._pump(w)
+        else:
+            self._push_fifo(w, self.chunks[c][0], step)
+
+    def _pump(self, w: int) -> None:
+        while self.ready[w] and self.unacked[w] < self.credit:
+            step, c = max(self.ready[w], key=lambda x: (-x[0], x[1]))  # this step's nearest the input
+            self.ready[w].discard((step, c))
+            self.unacked[w] += self.chunks[c][1]
+            self._push(w, step, c)
+
+    def _push_fifo(self, w: int, s: int, step: int) -> None:
+        ids = self.per_server[s]
+        key = (w, s)
+        while True:
+            i = self.next.get(key, 0) % len(ids)
+            if (step, ids[i]) not in self.ready[w] or (self.window and self.unanswered.get(key, 0) >= self.window):
+                return
+            self.ready[w].discard((step, ids[i]))
+            self.next[key] = self.next.get(key, 0) + 1
+            self.unanswered[key] = self.unanswered.get(key, 0) + 1
+            self._push(w, step, ids[i])
+
+    def _push(self, w: int, step: int, c: int) -> None:
+        s, nbytes = self.chunks[c]
+        self._fifo((w, "up", s), self.host_of[w], self.server_host[s], nbytes, lambda: self._pushed(w, step, c))
+
+    def _pushed(self, w: int, step: int, c: int) -> None:
+        s, nbytes = self.chunks[c]
+        if self.credit:
+            self._fifo((w, "down", s), self.server_host[s], self.host_of[w], ACK_BYTES, lambda: self._acked(w, c))
+        got = self.arrived[step, c] = self.arrived.get((step, c), 0) + 1
+        if got == len(self.host_of):  # BSP: every worker's push of chunk c is in
+            del self.arrived[step, c]
+            for v in range(len(self.host_of)):
+                self._fifo((v, "down", s), self.server_host[s], self.host_of[v], nbytes,
+                           lambda v=v: self._replied(v, step, c))
+
+    def _acked(self, w: int, c: int) -> None:
+        self.unacked[w] -= self.chunks[c][1]
+        self._pump(w)
+
+    def _replied(self, w: int, step: int, c: int) -> None:
+        s = self.chunks[c][0]
+        if not self.credit:
+            self.unanswered[w, s] -= 1
+            self._push_fifo(w, s, step)
+        self.unit_done(w, step, c)
