@@ -51,6 +51,7 @@ EXPECTED = {
     "gpu": {"breakdown"},  # several models, but on loopback: no link to bound them (has_models)
     "scale": {"scale", "scale_jitter"},
     "scale_consistency": {"consistency"},  # and nothing the scale grid draws (has_scale: BSP only, with no jitter)
+    "scale_overlap": {"scale_overlap"},  # and nothing the scale grid draws (its modes would share its lines)
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }

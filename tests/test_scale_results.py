@@ -125,3 +125,27 @@ def test_bsp_ssp_asp_at_scale_claims():
     # under BSP both counts agree; under ASP samples_per_s takes each step's slowest worker
     bsp = ps[ps["consistency"] == "bsp"]
     assert ((bsp["worker_samples_per_s"] / bsp["samples_per_s"] - 1).abs() < 1e-9).all()
+
+
+def test_scale_overlap_claims():
+    """results/scale_overlap's README: with overlap the PS with S = N stays ahead of the ring at a smaller margin;
+    full lifts both most at 10 Gbit/s; the ring's full loses to its backward at 25 Gbit/s; S = N/4 is server-bound
+    (backward and full the same step)."""
+    df = pd.read_csv(FOLDER.parent / "scale_overlap" / "runs.csv")
+    assert (df["status"] == "ok").all() and df["simulated"].astype(bool).all() and len(df) == 43
+    one = df.loc[df["workers"] == 1, "samples_per_s"].iloc[0]
+    df = df[df["workers"] > 1].assign(eff=lambda d: d["samples_per_s"] / (d["workers"] * one))
+    df["arr"] = ["ring" if s == "allreduce" else f"ps/{n // k}" for s, n, k in zip(df["sync"], df["workers"], df["servers"])]
+    eff = df.pivot_table(index=["link_rate", "arr", "workers"], columns="overlap", values="eff")
+    best = eff.max(axis=1)
+    for rate, lead_none, lead_best in (("10gbit", (1.15, 1.30), (1.08, 1.15)), ("25gbit", (1.08, 1.2), (1.0, 1.04))):
+        for n in (8, 16):
+            ps, ring = eff.loc[(rate, "ps/1", n)], eff.loc[(rate, "ring", n)]
+            assert lead_none[0] < ps["none"] / ring["none"] < lead_none[1]
+            assert lead_best[0] < best[(rate, "ps/1", n)] / best[(rate, "ring", n)] < lead_best[1]
+            assert eff.loc[(rate, "ps/4", n), "backward"] == pytest.approx(eff.loc[(rate, "ps/4", n), "full"], rel=0.01)
+            assert eff.loc[(rate, "ps/4", n)].max() < 0.6
+    ring10 = eff.xs(("10gbit", "ring"))
+    assert (ring10["full"] / ring10["none"]).between(1.3, 1.55).all()
+    ring25 = eff.xs(("25gbit", "ring"))
+    assert (ring25["full"] < ring25["backward"]).all() and (ring25["backward"] > 0.88).all()

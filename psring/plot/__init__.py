@@ -15,7 +15,8 @@ What is drawn depends on what the folder holds:
   and over each model's M/B);
   a simulated sweep over many N (``experiments/scale.toml``) -> ``scale`` and ``scale_jitter`` alone
   (``plot/scale.py``); one over BSP, SSP and ASP (``experiments/scale_consistency.toml``) -> ``consistency`` alone
-  (``plot/consistency.py``: each worker at its own pace);
+  (``plot/consistency.py``: each worker at its own pace); one over ``--overlap`` modes
+  (``experiments/scale_overlap.toml``) -> ``scale_overlap`` alone (``plot/scale_overlap.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -70,6 +71,7 @@ from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
+from .scale_overlap import figure_scale_overlap, has_scale_overlap
 from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
 
@@ -139,6 +141,8 @@ def _compare(runs: pd.DataFrame, out: Path, formats: tuple[str, ...]) -> list[Pa
 def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tuple[str, ...]) -> list[Path]:
     """The figures of a run table (a sweep's runs.csv, or its run folders' summaries)."""
     written: list[Path] = []
+    if has_scale_overlap(runs):  # replayed over N and --overlap modes (experiments/scale_overlap.toml)
+        return save(figure_scale_overlap(runs), out, "scale_overlap", formats)
     if has_scale(runs):  # replayed from 8 to 1,024 workers (experiments/scale.toml)
         jittered = not jitter_cost(runs).query("rate_gbit == 25 and alpha_us == 20").empty
         return save(figure_scale(runs), out, "scale", formats) + \
