@@ -35,6 +35,15 @@ def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw
     return fig, axes
 
 
+def efficiency_axes(ax, title: str) -> None:
+    """A panel of scaling efficiency against N: log2 N, efficiency 0 to 1, a grid, ``title``."""
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("workers N")
+
+
 def save(fig: Figure, out_dir: Path, stem: str, formats: tuple[str, ...] = FORMATS) -> list[Path]:
     """Write ``out_dir/stem.<fmt>`` for each format, without dates or version strings, so that the
     same data give the same files."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..strategies import is_baseline
-from .common import new_figure
+from .common import efficiency_axes, new_figure
 
 STYLE = {"bsp": ("tab:red", "o"), "ssp": ("tab:orange", "s"), "asp": ("tab:blue", "^")}
 
@@ -37,11 +37,7 @@ def figure_consistency(runs: pd.DataFrame):
         for name, g in df[df["jitter"] == jit].groupby("consistency"):
             color, marker = STYLE.get(name, ("tab:gray", "x"))
             ax.plot(g["workers"], g["efficiency"], color=color, marker=marker, label=name.upper())
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.05)
-        ax.grid(alpha=0.3, which="both")
-        ax.set_title(f"jitter {jit}", fontsize=10)
-        ax.set_xlabel("workers N")
+        efficiency_axes(ax, f"jitter {jit}")
     axes[0][0].set_ylabel("scaling efficiency (each worker at its own pace)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("BSP, SSP and ASP (replayed)", fontsize=11)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..strategies import OVERLAPS, is_baseline
-from .common import new_figure
+from .common import efficiency_axes, new_figure
 from .scale import STYLE, _order, scale_table
 
 MODES = dict(zip(OVERLAPS, (":", "--", "-")))  # none dotted, backward dashed, full solid
@@ -36,11 +36,7 @@ def figure_scale_overlap(runs: pd.DataFrame):
             color, marker = STYLE.get(name, ("tab:gray", "x"))
             ax.plot(g["workers"], g["efficiency"], MODES.get(mode, "-."), color=color, marker=marker,
                     markersize=3, label=f"{name}, {mode}")
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(0, 1.05)
-        ax.grid(alpha=0.3, which="both")
-        ax.set_title(f"{rate:g} Gbit/s", fontsize=10)
-        ax.set_xlabel("workers N")
+        efficiency_axes(ax, f"{rate:g} Gbit/s")
     axes[0][0].set_ylabel("scaling efficiency")
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.suptitle("--overlap none (dotted), backward (dashed), full (solid), replayed", fontsize=11)
