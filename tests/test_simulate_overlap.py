@@ -90,3 +90,20 @@ def test_the_overlapped_runs_of_results_overlap_are_replayed_within_10_percent()
     assert set(mine["sync"]) == {"ps", "ring", "allreduce"} and set(mine["overlap"]) == {"backward", "full"}
     assert (mine["step_ratio"] - 1).abs().max() <= 0.10
     assert (mine[mine["link_rate"] == "100mbit"]["step_ratio"] - 1).abs().max() <= 0.07
+
+
+def test_colocated_servers_share_their_worker_hosts_links(tmp_path):
+    """--ps-placement colocated: server s on worker host s, a push to the own host's server free, the rest on the
+    shared link: each host link carries 2(H-1)/H of M each way (bounds.host_link_bytes), 1.5 M at H = 4, and the
+    sync takes that at the link's rate; the replays of results/topology's colocated and mixed runs are within 1%."""
+    from psring import costmodel as cm
+
+    base = dict(sync="ps", servers=4, overlap="none", compute="emulated:100", link_burst="0kb")
+    colocated = simulate(_cfg(**base, ps_placement="colocated"), tmp_path / "c")
+    rate = cm.Link.from_rate("100mbit", 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+    assert colocated["sync_s_p50"] / (1.5 * 44_695_848 / rate) == pytest.approx(1.0, abs=0.05)
+    v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
+    runs = pd.read_csv(RESULTS / "topology" / "runs.csv").set_index("run_id")
+    placed = v[(v["folder"] == "topology") & (v["sync"] == "ps")]
+    placed = placed[placed["run_id"].map(lambda r: runs.loc[r, "ps_placement"] != "dedicated")]
+    assert len(placed) == 4 and (placed["replayed"] == "yes").all() and (placed["sync_ratio"] - 1).abs().max() < 0.01

@@ -1,4 +1,4 @@
-"""The PS's chunks leaving while backward makes them (``--overlap backward|full``; dedicated servers, BSP), as
+"""The PS's chunks leaving while backward makes them (``--overlap backward|full``; BSP; any placement), as
 ``sync.ps.transport`` sends them:
 
 * with credits (``credit`` bytes > 0, ``sharding.credit_bytes``): the priority scheduler's pump pushes the
@@ -24,14 +24,16 @@ def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
     from ..sync.buckets import space_sizes
     from ..sync.ps.sharding import credit_bytes, credit_chunks, drain_chunks, plan_chunks, window_for
     from ..sync.ps.transport import chunk_ranges
+    from ..topology import server_shares
 
     n, s = cfg.workers, cfg.servers
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
+    shares = server_shares(cfg.ps_placement, cfg.hosts, s)
     if chunk_bytes:
-        ranges = plan_chunks(*space_sizes(layout), s, int(chunk_bytes), split=links is not None)
+        ranges = plan_chunks(*space_sizes(layout), s, int(chunk_bytes), split=links is not None, shares=shares)
     else:
         drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, n, s)
-        ranges = chunk_ranges(layout, n, s, links, int(cfg.bucket_mb * 2**20), drain=drain)
+        ranges = chunk_ranges(layout, n, s, links, int(cfg.bucket_mb * 2**20), shares, drain=drain)
     itemsize = layout[0].dtype.itemsize
     biggest = max((r.end - r.start) * itemsize for r in ranges)
     credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, n, s), biggest)

@@ -1,7 +1,7 @@
 """``psring simulate``: a run's steps replayed on the flow-level network instead of run.
 
 The cluster is the one ``--net emulated`` builds: hosts of G workers (``--workers-per-host``), one host per
-dedicated PS server, every host link ``--link-rate`` each way (the servers' ``--server-link-rate``) at TCP's
+dedicated PS server (colocated ones on the worker hosts, ``--ps-placement``), every host link ``--link-rate`` each way (the servers' ``--server-link-rate``) at TCP's
 payload share, alpha per message (``--alpha-us``, default the emulated link's calibrated 205 us). Compute is
 ``--compute emulated:MS`` (forward 1/3, backward 2/3), each worker's step drawn from ``--jitter`` (``none``,
 ``lognormal:CV``) and stretched by ``--straggler``. The communication after backward (``--overlap none``) is the strategy's plan
@@ -74,8 +74,6 @@ def check(cfg: TrainConfig) -> float:
         raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies and "
                           f"the BSP PS only so far (got {cfg.sync}, --consistency {cfg.consistency})")
     s = strategies.get(cfg.sync)
-    if s.servers and cfg.ps_placement != "dedicated":
-        raise ConfigError("psring simulate replays the PS with dedicated servers so far")
     if cfg.compress != NONE:
         raise ConfigError(f"psring simulate does not replay --compress yet (got {cfg.compress})")
     for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
@@ -103,14 +101,19 @@ def burst_bytes(burst: str) -> int:
 
 
 def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[int]]:
-    """The network, each worker's host and each dedicated server's host."""
-    g = cfg.per_host
-    hosts = cfg.workers // g
+    """The network, each worker's host and each server's host where the launcher puts them
+    (``launch.placement.server_host``: colocated servers on worker hosts, sharing their links; dedicated ones
+    on hosts of their own, at ``--server-link-rate``)."""
+    from ..launch.placement import server_host
+
+    hosts = cfg.workers // cfg.per_host
     servers = cfg.servers if strategies.uses_servers(cfg.sync) else 0
     w = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
     srv = cm.Link.from_rate(cfg.server_link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps if cfg.server_link_rate else w
-    net = Network([w] * hosts + [srv] * servers, alpha_s, burst_bytes=burst_bytes(cfg.link_burst))
-    return net, [r // g for r in range(cfg.workers)], [hosts + s for s in range(servers)]
+    server_hosts = [server_host(cfg, s) for s in range(servers)]
+    dedicated = max(server_hosts, default=hosts - 1) + 1 - hosts
+    net = Network([w] * hosts + [srv] * dedicated, alpha_s, burst_bytes=burst_bytes(cfg.link_burst))
+    return net, [r // cfg.per_host for r in range(cfg.workers)], server_hosts
 
 
 def layout_of(cfg: TrainConfig):
@@ -139,11 +142,13 @@ def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
     own cores (no ``shared_cores``)."""
     from ..sync.ps.sharding import drain_chunks, window_for
     from ..sync.ps.transport import chunk_ranges
+    from ..topology import server_shares
 
     itemsize = layout[0].dtype.itemsize
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
     drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, cfg.workers, cfg.servers)
-    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20), drain=drain)
+    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20),
+                          server_shares(cfg.ps_placement, cfg.hosts, cfg.servers), drain=drain)
     window = window_for(cfg.ps_window, cfg.servers, links is not None, cfg.consistency, cfg.staleness)
     return [(r.group, (r.end - r.start) * itemsize) for r in ranges], window
 
@@ -205,9 +210,12 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
     the PS with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a
     fluid); else None (the flow network)."""
+    from ..topology import colocated_servers
+
     model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
     ring_like = model == cm.HIERARCHICAL_MODEL or (model == cm.RING_MODEL and cfg.per_host == 1)
-    if not ring_like and not (strategies.uses_servers(cfg.sync) and cfg.per_host == 1
+    dedicated = colocated_servers(cfg.ps_placement, hosts, cfg.servers) == 0
+    if not ring_like and not (strategies.uses_servers(cfg.sync) and cfg.per_host == 1 and dedicated
                               and burst_bytes(cfg.link_burst) == 0 and cfg.consistency == "bsp"):
         return None
     layout = layout_of(cfg)
