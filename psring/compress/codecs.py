@@ -191,3 +191,15 @@ def parse(spec: str, error_feedback: bool = True) -> Codec:
     if name == NONE:
         return Identity()
     return Cast(name, torch.float16 if name == "fp16" else torch.bfloat16)
+
+
+def dense_codec(spec: str) -> Codec | None:
+    """The codec ``spec`` names where it casts every element (fp16, bf16): its encodings are summed in place,
+    chunk by chunk, as the uncompressed gradient is; None for ``none``, a sparse or 1-bit codec, or a bad spec."""
+    if spec == NONE:
+        return None
+    try:
+        codec = parse(spec)
+    except ValueError:
+        return None
+    return codec if codec.dense else None

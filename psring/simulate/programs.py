@@ -24,7 +24,7 @@ from collections.abc import Callable
 from ..sync.ring import chunk_sizes, schedule
 from .network import Network
 
-Done = Callable[[int, float], None]
+Done = Callable[..., None]  # done(rank, bytes sent[, bytes received: where they differ])
 
 
 class RingProgram:
@@ -158,8 +158,11 @@ class PSProgram:
     """Dedicated servers on hosts ``server_host[s]``; ``chunks``: (server, bytes) in chunk order."""
 
     def __init__(self, net: Network, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
-                 window: int, done: Done, consistency: str = "bsp", staleness: int = 0):
+                 window: int, done: Done, consistency: str = "bsp", staleness: int = 0,
+                 pushes: list[float] | None = None):
+        """``pushes``: each chunk's bytes on the way up where a codec encodes them (None: the chunk's)."""
         self.net, self.host_of, self.server_host, self.done = net, host_of, server_host, done
+        self.push_bytes = pushes or [b for _, b in chunks]
         self.consistency, self.staleness = consistency, staleness
         self.workers = len(host_of)
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
@@ -189,9 +192,9 @@ class PSProgram:
             c = ids[self.next_chunk[w, s]]
             self.next_chunk[w, s] += 1
             self.unanswered[w, s] += 1
-            self._fifo((w, "up", s), self.host_of[w], self.server_host[s], self.chunks[c][1],
+            self._fifo((w, "up", s), self.host_of[w], self.server_host[s], self.push_bytes[c],
                        lambda c=c, w=w, t=self.steps[w] - 1: self._pushed(c, w, t))
-            self.sent[w] += self.chunks[c][1]
+            self.sent[w] += self.push_bytes[c]
 
     def _pushed(self, c: int, w: int, t: int) -> None:
         if self.consistency != "bsp":
@@ -230,4 +233,4 @@ class PSProgram:
         self._push_more(w, s)
         if self.answered[w] == len(self.chunks):
             sent, self.sent[w] = self.sent[w], 0.0
-            self.done(w, sent)
+            self.done(w, sent, float(sum(b for _, b in self.chunks)))

@@ -64,6 +64,7 @@ def compute_times(cfg: TrainConfig, compute_s: float, jitter: tuple[str, float])
 
 def check(cfg: TrainConfig) -> float:
     """The run's compute (s); one-line ``ConfigError`` for what the simulator does not replay."""
+    from ..compress.codecs import dense_codec
     from ..train.emulation import parse_compute
 
     ms = parse_compute(cfg.compute)
@@ -73,9 +74,9 @@ def check(cfg: TrainConfig) -> float:
     if overlapped(cfg) and not (ring or strategies.uses_servers(cfg.sync) and cfg.consistency == "bsp"):
         raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies and "
                           f"the BSP PS only so far (got {cfg.sync}, --consistency {cfg.consistency})")
-    s = strategies.get(cfg.sync)
-    if cfg.compress != NONE:
-        raise ConfigError(f"psring simulate does not replay --compress yet (got {cfg.compress})")
+    if cfg.compress != NONE and (overlapped(cfg) or dense_codec(cfg.compress) is None):
+        raise ConfigError(f"psring simulate replays the dense codecs (fp16, bf16) with --overlap none only so far "
+                          f"(got --compress {cfg.compress}, --overlap {cfg.overlap})")
     for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
         try:
             if rate is not None:
@@ -155,11 +156,19 @@ def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
 
 def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
     """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
-    layout = layout_of(cfg)
+    from ..compress.codecs import dense_codec
+
+    layout, codec = layout_of(cfg), dense_codec(cfg.compress)
     itemsize = layout[0].dtype.itemsize
     model = strategies.attr(cfg.sync, "cost_model")
     if strategies.uses_servers(cfg.sync):
-        return PSProgram(net, host_of, server_host, *ps_plan(cfg, layout), done, cfg.consistency, cfg.staleness)
+        chunks, window = ps_plan(cfg, layout)
+        pushes = [codec.wire_bytes(b // itemsize) for _, b in chunks] if codec else None
+        if codec and cfg.ps_design == "aggregate":  # replies the mean in the codec's dtype, else the parameters
+            chunks = [(s, p) for (s, _), p in zip(chunks, pushes)]
+        return PSProgram(net, host_of, server_host, chunks, window, done, cfg.consistency, cfg.staleness, pushes)
+    if codec:  # the shadow bucket in the codec's dtype, reduced as it is (sync/compressed.py)
+        itemsize = codec.wire_bytes(1)
     numels = bucket_numels(cfg, layout)
     if model == cm.HIERARCHICAL_MODEL:
         from ..sync.ring import chunk_sizes
@@ -179,7 +188,7 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     where ``vector_of`` has one, unless ``flows`` (the flow network always). ``tuned``: an overlapped run's
     recorded partition or chunk (``partition_bytes``, ``chunk_bytes``: what its probe and cores cut)."""
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    vector = None if flows or overlapped(cfg) else vector_of(cfg, alpha_us * 1e-6)
+    vector = None if flows or overlapped(cfg) or cfg.compress != NONE else vector_of(cfg, alpha_us * 1e-6)
     if vector is not None:
         records = vector_records(cfg, compute, vector)
     else:
@@ -194,14 +203,15 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     return write_run(cfg, out, records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})
 
 
-def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float) -> dict:
-    """One worker's step, with the trainer's columns."""
+def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float,
+           recv: float | None = None) -> dict:
+    """One worker's step, with the trainer's columns (``recv``: where it differs from ``sent``)."""
     from ..train.emulation import FORWARD_SHARE
 
     c = backward_end - began
     return {"rank": r, "step": step, "loss": None, "step_s": now - began, "data_s": 0.0,
             "forward_s": c * FORWARD_SHARE, "backward_s": c * (1 - FORWARD_SHARE), "sync_s": now - backward_end,
-            "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent, "samples": cfg.batch_size, "time": now,
+            "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent if recv is None else recv, "samples": cfg.batch_size, "time": now,
             "epoch": 0, "test_acc": None}
 
 
@@ -266,10 +276,10 @@ class Replay:
         self.backward_end[r] = self.net.now + float(self.compute[self.step[r], r])
         self.net.at(self.backward_end[r], lambda: self.prog.start(r) if self.prog else self.finish(r, 0.0))
 
-    def finish(self, r: int, sent: float) -> None:
+    def finish(self, r: int, sent: float, recv: float | None = None) -> None:
         """Worker ``r`` holds its step's result: its record, and its next step."""
         self.records[r].append(record(self.cfg, r, self.step[r], self.began[r], self.backward_end[r],
-                                      self.net.now, sent))
+                                      self.net.now, sent, recv))
         self.step[r] += 1
         if self.step[r] < self.cfg.steps:
             self.begin(r)

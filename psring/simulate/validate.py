@@ -22,7 +22,7 @@ from .run import check, overlapped, simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
            "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")
-COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap",
+COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap", "compress",
            "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "link_bound", "replayed"]
 
 
@@ -46,7 +46,7 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     cfg = TrainConfig.load(run / "config.json")
     base = {"folder": folder, "run_id": row["run_id"], "sync": row["sync"], "workers": int(row["workers"]),
             "servers": int(row["servers"]), "workers_per_host": cfg.per_host, "link_rate": row.get("link_rate"),
-            "model": row["model"], "overlap": cfg.overlap, "sync_s": row.get("sync_s_p50"), "step_s": row.get("step_s_p50"),
+            "model": row["model"], "overlap": cfg.overlap, "compress": cfg.compress, "sync_s": row.get("sync_s_p50"), "step_s": row.get("step_s_p50"),
             "link_bound": not (pd.notna(row.get("cpu_saturated")) and bool(row.get("cpu_saturated")))}
     try:
         check(cfg)  # what the replay does not model: one line, kept as the reason
