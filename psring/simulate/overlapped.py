@@ -148,7 +148,8 @@ class OverlapReplay:
     def __init__(self, cfg, compute: np.ndarray, alpha_s: float, tuned: dict | None = None):
         """``tuned``: what the run being replayed cut (``partition_bytes``, ``chunk_bytes``), else cut here."""
         from .. import strategies
-        from .run import cluster, layout_of
+        from .plans import layout_of
+        from .run import cluster
 
         self.cfg, self.compute, self.full = cfg, compute, cfg.overlap == "full"
         self.net, host_of, server_host = cluster(cfg, alpha_s)

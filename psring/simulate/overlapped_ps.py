@@ -19,25 +19,15 @@ ACK_BYTES = 64  # a pushpull's ack: a msgpack header in one frame
 
 
 def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
-    """(chunk ranges, window, credit bytes) as ``PSSync`` plans them on the links it is told (each host its
-    own cores); ``chunk_bytes``: the chunk a run being replayed cut (its probe, its cores), else fitted here."""
-    from ..sync.buckets import space_sizes
-    from ..sync.ps.sharding import credit_bytes, credit_chunks, drain_chunks, plan_chunks, window_for
-    from ..sync.ps.transport import chunk_ranges
-    from ..topology import server_shares
+    """(chunk ranges, window, credit bytes) as ``PSSync`` plans them: ``run.ps_ranges``' chunks and window,
+    and ``sharding.credit_bytes`` for the biggest chunk, as the worker's transport gets them."""
+    from ..sync.ps.sharding import credit_bytes, credit_chunks
+    from .plans import ps_ranges
 
-    n, s = cfg.workers, cfg.servers
+    ranges, window = ps_ranges(cfg, layout, chunk_bytes)
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
-    shares = server_shares(cfg.ps_placement, cfg.hosts, s)
-    if chunk_bytes:
-        ranges = plan_chunks(*space_sizes(layout), s, int(chunk_bytes), split=links is not None, shares=shares)
-    else:
-        drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, n, s)
-        ranges = chunk_ranges(layout, n, s, links, int(cfg.bucket_mb * 2**20), shares, drain=drain)
-    itemsize = layout[0].dtype.itemsize
-    biggest = max((r.end - r.start) * itemsize for r in ranges)
-    credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, n, s), biggest)
-    window = window_for(cfg.ps_window, s, links is not None, cfg.consistency, cfg.staleness)
+    biggest = max((r.end - r.start) * layout[0].dtype.itemsize for r in ranges)
+    credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, cfg.workers, cfg.servers), biggest)
     return ranges, window, credit
 
 

@@ -28,6 +28,7 @@ from ..config import ConfigError, TrainConfig
 from ..fileio import write_atomic
 from ..metrics.summary import finalize_run
 from .network import Network
+from .plans import bucket_numels, layout_of, ps_plan
 from .programs import PSProgram, RingProgram
 
 NO_JITTER = "none"
@@ -117,43 +118,6 @@ def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[
     return net, [r // cfg.per_host for r in range(cfg.workers)], server_hosts
 
 
-def layout_of(cfg: TrainConfig):
-    """The model's flat gradient layout (``buckets.flat_layout``), built on the meta device."""
-    import torch
-
-    from ..sync.buckets import flat_layout
-    from ..train.models import model_of
-
-    with torch.device("meta"):
-        return flat_layout(model_of(cfg).named_parameters())
-
-
-def bucket_numels(cfg: TrainConfig, layout) -> list[int]:
-    """The reduce family's buckets with ``--overlap none`` (``param_ranges``, as ``ReduceSync`` cuts them)."""
-    from ..sync.buckets import param_ranges
-    from ..sync.reducer import UNTUNED_MB
-
-    cap = int((cfg.bucket_mb or UNTUNED_MB) * 2**20)
-    return [r.end - r.start for r in param_ranges(layout, cap, int(cfg.first_bucket_mb * 2**20))]
-
-
-def ps_plan(cfg: TrainConfig, layout) -> tuple[list[tuple[int, int]], int]:
-    """The PS's chunks, (server, bytes) in chunk order, and its window per server: what ``PSSync`` plans
-    (``transport.chunk_ranges``, ``sharding.window_for``) on the links it is told; each host its
-    own cores (no ``shared_cores``)."""
-    from ..sync.ps.sharding import drain_chunks, window_for
-    from ..sync.ps.transport import chunk_ranges
-    from ..topology import server_shares
-
-    itemsize = layout[0].dtype.itemsize
-    links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
-    drain = drain_chunks(cfg.overlap, cfg.ps_credit_mb, links, cfg.workers, cfg.servers)
-    ranges = chunk_ranges(layout, cfg.workers, cfg.servers, links, int(cfg.bucket_mb * 2**20),
-                          server_shares(cfg.ps_placement, cfg.hosts, cfg.servers), drain=drain)
-    window = window_for(cfg.ps_window, cfg.servers, links is not None, cfg.consistency, cfg.staleness)
-    return [(r.group, (r.end - r.start) * itemsize) for r in ranges], window
-
-
 def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
     """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
     from ..compress.codecs import dense_codec
@@ -192,9 +156,9 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     if vector is not None:
         records = vector_records(cfg, compute, vector)
     else:
-        from .overlapped import OverlapReplay
-
         if overlapped(cfg):
+            from .overlapped import OverlapReplay
+
             replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned)
         else:
             replay = Replay(cfg, compute, alpha_us * 1e-6)
