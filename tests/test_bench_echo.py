@@ -94,3 +94,29 @@ def test_bench_cli_floor_flag_adds_the_floor_rows(psring, tmp_path):
     assert r.returncode == 0, r.stderr
     df = pd.read_csv(out / "bench.csv")
     assert set(df["strategy"]) == {"ps", "raw_zmq_echo", "raw_zmq_echo_sgd"}
+
+
+def test_freezing_setup_objects_keeps_them_from_collections_and_still_frees_later_cycles():
+    """``collector.freeze_setup_objects`` (what every psring worker, server and echo server calls once set up):
+    what was alive moves out of the collector's reach, collections then walk only what came after, and a
+    cycle made later is still freed. In a process of its own: a frozen pytest worker would keep every test's
+    garbage."""
+    import subprocess
+    import sys
+
+    code = """
+import gc, weakref
+import torch  # what a psring process holds: a few hundred thousand objects
+from psring.collector import freeze_setup_objects
+frozen = freeze_setup_objects()
+assert frozen > 50_000, frozen
+assert sum(gc.get_count()) < 1_000 and all(not gc.get_objects(g) or len(gc.get_objects(g)) < 10_000 for g in (0, 1, 2))
+class Node: pass
+a, b = Node(), Node(); a.other, b.other = b, a
+gone = weakref.ref(a); del a, b
+gc.collect()
+assert gone() is None
+print("ok", frozen)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-2000:]

@@ -17,6 +17,7 @@ from pathlib import Path
 import zmq
 
 from ..allocator import keep_freed_memory
+from ..collector import freeze_setup_objects
 
 
 def sgd_updater(nbytes: int):
@@ -57,6 +58,7 @@ def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1"
     tmp = Path(f"{port_file}.tmp{os.getpid()}")
     tmp.write_text(f"tcp://{bind}:{port}\n")
     tmp.rename(port_file)
+    freeze_setup_objects()  # as psring's own processes do (``collector``)
     try:
         while sock.poll(int(idle_timeout_s * 1000)):
             msg = sock.recv_multipart(copy=False)

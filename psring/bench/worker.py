@@ -20,6 +20,7 @@ import zmq
 from torch import nn
 
 from ..allocator import keep_freed_memory
+from ..collector import freeze_setup_objects
 from ..config import OptimConfig
 from ..launch.children import Children
 from ..launch.launcher import start_listeners
@@ -188,6 +189,7 @@ def run(spec: dict) -> int:
     keep_freed_memory()  # as psring worker does
     torch.set_num_threads(1)
     pg = init_process_group("gloo", spec.get("timeout_s", 300))
+    freeze_setup_objects()  # as psring worker does
     rank, world, out = pg.rank, pg.world, Path(spec["out"])
     strategy, servers, rows = spec["strategy"], spec.get("servers", 1), []
     kids = Children()

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..collector import freeze_setup_objects
 from ..config import TrainConfig
 from ..fileio import CAUSES, describe, torch_save_atomic, write_atomic
 from ..metrics.cpu import cpu_times
@@ -69,6 +70,7 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     wire = WireCounter()
     gate = sync.wait_params if sync.full else None  # --overlap full: emulated layers wait for their parameters
     pending = None  # --overlap full: the last step's record, until its communication is drained
+    freeze_setup_objects()  # the model, synchronizer and imports: no collection walks them again
     with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
         for step in range(start, cfg.steps):
             t0 = clock.now()

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ...allocator import keep_freed_memory
+from ...collector import freeze_setup_objects
 from .server import MAX_MESSAGE_BYTES, ParameterServer
 
 log = logging.getLogger("psring.server")
@@ -32,6 +33,7 @@ def run_server(workers: int, bind: str, port: int, port_file: str | None, idle_t
             tmp.write_text(f"{server.address}\n")
             tmp.rename(port_file)
         log.info("serving %d workers at %s", workers, server.address)
+        freeze_setup_objects()
         rc = server.serve()
         log.info("done: %d updates, %d rejected requests, %d replies dropped, %d B sent, %d B received",
                  server.store.version, server.errors, server.dropped, server.bytes_sent, server.bytes_recv)
