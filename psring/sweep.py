@@ -11,7 +11,7 @@ A sweep file has up to three tables (see experiments/)::
 Keys are ``psring train`` option names with ``_`` (``batch_size``, ``lr``, ...). ``servers = "N"``
 means as many servers as workers, ``"N/4"`` a quarter of them; ``servers`` only applies to ``ps`` (other
 strategies get one run). ``[sweep] simulate = true``: every run is replayed by ``psring simulate`` instead
-(any N, no root), and ``jitter``/``alpha_us`` are settings too.
+(any N, no root), and ``jitter``/``alpha_us``/``readiness`` are settings too.
 ``epochs = E`` instead of ``steps``: each run trains E epochs of its own global batch (so its baseline, one
 worker, runs N times its steps); runs.csv has both ``epochs`` and the ``steps`` they became.
 Finished runs (``runs/ID/summary.json`` with the same config) are skipped when the sweep is run again;
@@ -56,7 +56,7 @@ COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "c
 # ...) must be equal: they change what one worker computes, so they change the baseline.
 # ``psring simulate``'s own settings, allowed where ``[sweep] simulate = true`` (the sweep is replayed, not run);
 # a simulated baseline keeps its worker's mean compute whatever the jitter, so they are baseline-free too
-SIM_KEYS = frozenset({"jitter", "alpha_us"})
+SIM_KEYS = frozenset({"jitter", "alpha_us", "readiness"})
 BASELINE_FREE = COMM_KEYS | {"straggler", "resume"} | SIM_KEYS
 MATCHED_KEYS = CONFIG_KEYS - BASELINE_FREE - set(ID_KEYS)
 

@@ -25,6 +25,19 @@ def test_parameter_counts_are_torchvisions(name):
     assert count(name) == TORCHVISION_PARAMS[name]
 
 
+@pytest.mark.parametrize("factory,params", [("resnet101", 44_549_160), ("vgg16", 138_357_544)])
+def test_the_zoos_models_have_torchvisions_counts_and_run(factory, params):
+    """``psring.train.zoo`` (the published results' models, as factories): torchvision's resnet101 and vgg16
+    parameter counts, and a forward and backward at the smallest input they take."""
+    with torch.device("meta"):
+        assert sum(p.numel() for p in build_model(f"psring.train.zoo:{factory}", 0).parameters()) == params
+    m = build_model(f"psring.train.zoo:{factory}", 0)
+    out = m(torch.randn(2, 3, 32, 32))
+    assert out.shape == (2, 1000)
+    out.sum().backward()
+    assert all(p.grad is not None for p in m.parameters())
+
+
 def test_the_config_knows_the_models_and_their_sizes():
     """config.py is torch-free, so it keeps its own copy of the names and default sizes: they must agree."""
     assert MODELS == tuple(models.MODELS)

@@ -16,7 +16,9 @@ What is drawn depends on what the folder holds:
   a simulated sweep over many N (``experiments/scale.toml``) -> ``scale`` and ``scale_jitter`` alone
   (``plot/scale.py``); one over BSP, SSP and ASP (``experiments/scale_consistency.toml``) -> ``consistency`` alone
   (``plot/consistency.py``: each worker at its own pace); one over ``--overlap`` modes
-  (``experiments/scale_overlap.toml``) -> ``scale_overlap`` alone (``plot/scale_overlap.py``);
+  (``experiments/scale_overlap.toml``) -> ``scale_overlap`` alone (``plot/scale_overlap.py``); a replay beside
+  the published result in the folder's ``published.csv`` (``experiments/published_horovod.toml``) ->
+  ``published`` alone (``plot/published.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -71,6 +73,7 @@ from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
+from .published import figure_published, load_published
 from .scale_overlap import figure_scale_overlap, has_scale_overlap
 from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
@@ -183,8 +186,10 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
             if link else "")
     written: list[Path] = []
 
-    runs = run_table(folder)
-    if runs is not None and not runs.empty:
+    runs, published = run_table(folder), load_published(folder)
+    if runs is not None and not runs.empty and published is not None:  # a published result beside its replay
+        written += save(figure_published(runs, published), out, "published", formats)
+    elif runs is not None and not runs.empty:
         written += _table_figures(runs, link, note, out, formats)
 
     validation = load_validation(folder)  # psring simulate against the committed runs (results/simulate)

@@ -60,7 +60,7 @@ def cmd_simulate(a) -> int:
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
-    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us)
+    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us, readiness=a.readiness)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")
     return 0
@@ -68,6 +68,7 @@ def cmd_simulate(a) -> int:
 
 def add_simulate_parser(sub) -> None:
     from ..cli import add_train_args
+    from .profile import READINESS
 
     p = sub.add_parser("simulate", help="replay a run's schedule on a flow-level model of the emulated cluster "
                                         "(any N); writes the same run folder as psring train")
@@ -75,6 +76,9 @@ def add_simulate_parser(sub) -> None:
     p.set_defaults(out=None, func=cmd_simulate)
     p.add_argument("--jitter", default=NO_JITTER, help="each worker's compute per step: none, or lognormal:CV "
                                                     "(coefficient of variation)")
+    p.add_argument("--readiness", default="bytes", choices=READINESS,
+                   help="when backward makes each gradient: bytes (in proportion to the parameters' sizes, as the "
+                        "emulation does; default) or flops (to their layers' multiply-adds)")
     p.add_argument("--alpha-us", type=float, default=None,
                    help="per-message latency, us (default: one emulated link's, results/bandwidth's calibration; "
                         "with --from, the run's own calibration)")

@@ -59,19 +59,22 @@ class Plan:
     """One dtype's units and parameters: ``numels[u]``; ``ready[u]``, the share of backward after which
     unit u is ready; ``shares[p]`` and ``covering[p]`` per parameter in forward (registration) order."""
 
-    def __init__(self, layout, units):
+    def __init__(self, layout, units, weights: dict[str, float] | None = None):
+        """``weights``: each parameter's share of compute by name (``profile.param_weights``), else its size."""
         if len(layout) != 1:
             raise ValueError("the overlap replay takes one dtype's gradients")
         members = layout[0].members  # backward order
         sizes = np.array([p.numel() for _, p, _ in members], dtype=np.int64)
         ends = np.cumsum(sizes)
-        total = float(ends[-1])
+        work = sizes.astype(np.float64) if weights is None else np.array([weights[n] for n, _, _ in members])
+        done = np.cumsum(work)  # backward's progress once each parameter has its gradient
+        total = float(done[-1])
         self.numels = [u.end - u.start for u in units]
         # a unit is ready once the parameter holding its last element has its gradient
-        self.ready = [float(ends[np.searchsorted(ends, u.end - 1, side="right")]) / total for u in units]
+        self.ready = [float(done[np.searchsorted(ends, u.end - 1, side="right")]) / total for u in units]
         starts = ends - sizes
         cover = [[i for i, u in enumerate(units) if u.start < e and u.end > s] for s, e in zip(starts, ends)]
-        self.shares = [float(n) / total for n in sizes[::-1]]
+        self.shares = [float(w) / total for w in work[::-1]]
         self.covering = cover[::-1]
 
 
@@ -145,10 +148,13 @@ class OverlapReplay:
     """Every worker's steps on the flow network with its communication overlapped (``cfg.overlap``):
     ``records`` as ``run.Replay``'s."""
 
-    def __init__(self, cfg, compute: np.ndarray, alpha_s: float, tuned: dict | None = None):
-        """``tuned``: what the run being replayed cut (``partition_bytes``, ``chunk_bytes``), else cut here."""
+    def __init__(self, cfg, compute: np.ndarray, alpha_s: float, tuned: dict | None = None,
+                 readiness: str = "bytes"):
+        """``tuned``: what the run being replayed cut (``partition_bytes``, ``chunk_bytes``), else cut here;
+        ``readiness``: when backward makes each gradient (``profile``)."""
         from .. import strategies
         from .plans import layout_of
+        from .profile import param_weights
         from .run import cluster
 
         self.cfg, self.compute, self.full = cfg, compute, cfg.overlap == "full"
@@ -166,7 +172,7 @@ class OverlapReplay:
             ranges = unit_ranges(cfg, layout, cap)
             self.prog = UnitRing(self.net, host_of, [r.end - r.start for r in ranges], layout[0].dtype.itemsize,
                                  self._unit_done)
-        self.plan = Plan(layout, ranges)
+        self.plan = Plan(layout, ranges, param_weights(cfg, readiness))
         self.units = len(ranges)
         self.priority = self.full and isinstance(self.prog, UnitRing)  # the reduce family's scheduler
         n = cfg.workers

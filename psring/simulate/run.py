@@ -147,24 +147,36 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
 
 
 def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US,
-             flows: bool = False, tuned: dict | None = None) -> dict:
+             flows: bool = False, tuned: dict | None = None, readiness: str = "bytes") -> dict:
     """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. On a numpy replay
-    where ``vector_of`` has one, unless ``flows`` (the flow network always). ``tuned``: an overlapped run's
-    recorded partition or chunk (``partition_bytes``, ``chunk_bytes``: what its probe and cores cut)."""
+    where ``vector_of`` (or, overlapped, ``vector_overlap_of``) has one, unless ``flows`` (the flow network
+    always). ``tuned``: an overlapped run's recorded partition or chunk (``partition_bytes``,
+    ``chunk_bytes``: what its probe and cores cut); ``readiness``: when backward makes each gradient
+    (``profile``: ``bytes``, as the emulation does, or ``flops``)."""
+    from .profile import check_readiness
+    from .vector_overlap import overlap_records, vector_overlap_of
+
+    check_readiness(readiness)
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
     vector = None if flows or overlapped(cfg) or cfg.compress != NONE else vector_of(cfg, alpha_us * 1e-6)
+    unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
     if vector is not None:
         records = vector_records(cfg, compute, vector)
+    elif unitwise is not None:
+        records = overlap_records(cfg, compute, *unitwise)
     else:
         if overlapped(cfg):
             from .overlapped import OverlapReplay
 
-            replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned)
+            replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned, readiness)
         else:
             replay = Replay(cfg, compute, alpha_us * 1e-6)
         replay.net.run()
         records = replay.records
-    return write_run(cfg, out, records, {"simulated": True, "jitter": jitter, "alpha_us": alpha_us})
+    extra = {"simulated": True, "jitter": jitter, "alpha_us": alpha_us}
+    if readiness != "bytes":  # (the default left out: runs replayed before it existed stay finished for sweeps)
+        extra["readiness"] = readiness
+    return write_run(cfg, out, records, extra)
 
 
 def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float,

@@ -7,16 +7,19 @@ import math
 from pathlib import Path
 
 from ..config import ConfigError
+from .profile import check_readiness
 from .run import DEFAULT_ALPHA_US, NO_JITTER, parse_jitter
 
 
 def sim_settings(run: dict) -> dict:
-    """A simulated run's ``jitter`` and ``alpha_us`` (``psring simulate``'s defaults where unset)."""
+    """A simulated run's ``jitter``, ``alpha_us`` and ``readiness`` (``psring simulate``'s defaults where unset;
+    the default readiness left out, as ``simulate`` leaves it out of the summary)."""
     jitter, alpha = run.get("jitter", NO_JITTER), run.get("alpha_us", DEFAULT_ALPHA_US)
     parse_jitter(str(jitter))  # one line for a bad model
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < math.inf:
         raise ConfigError(f"alpha_us = {alpha!r}: a number of microseconds >= 0")
-    return {"jitter": jitter, "alpha_us": float(alpha)}
+    readiness = check_readiness(str(run.get("readiness", "bytes")))
+    return {"jitter": jitter, "alpha_us": float(alpha), **({"readiness": readiness} if readiness != "bytes" else {})}
 
 
 def other_kind(run_dir: Path, simulated: bool) -> str | None:

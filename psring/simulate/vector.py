@@ -34,8 +34,11 @@ class VectorRing:
     """A flat ring of ``world`` ranks, one per host, on links of ``rate_Bps`` with tbf's ``burst_bytes``."""
 
     def __init__(self, world: int, bucket_numels: list[int], itemsize: int, rate_Bps: float, alpha_s: float,
-                 burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS):
+                 burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS, per_host: int = 1):
+        """``per_host``: G ranks a host, in rank order; a send from a rank to the next on its own host is
+        free (no alpha, no time: the flow network's same-host send), the others cross a host link."""
         self.n, self.rate, self.alpha = world, rate_Bps, alpha_s
+        self.cross = (np.arange(world) // per_host) != ((np.arange(world) + 1) % world // per_host)
         self.burst, self.peak = float(burst_bytes), max(peak_Bps, rate_Bps)
         chunks = sent_chunks(world)
         # per bucket: [round, rank] bytes sent
@@ -48,20 +51,30 @@ class VectorRing:
     def step(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """When each rank holds the sum of every bucket, given when each began (backward ended); and the
         bytes each rank sent."""
-        inside = np.asarray(start, dtype=np.float64).copy()
+        start = np.asarray(start, dtype=np.float64)
+        return self.units(np.broadcast_to(start, (len(self.rounds), self.n)))
+
+    def units(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every bucket reduced one after another in index order, each entered by a rank once it is
+        ``ready[bucket, rank]`` there and the rank is done with the one before (``--overlap backward``:
+        ``overlapped.UnitRing`` in ready order); when each rank holds the last sum, and what it sent."""
+        inside = np.asarray(ready[0], dtype=np.float64).copy() if len(ready) else np.zeros(self.n)
         sent = np.zeros(self.n)
-        for table in self.rounds:
-            sent += table.sum(axis=0)
+        every = bool(self.cross.all())  # one rank a host: no masks (the 1,024-worker replay's hot loop)
+        alpha = self.alpha if every else self.alpha * self.cross
+        for table, at in zip(self.rounds, ready):
+            inside = np.maximum(inside, at)
+            sent += table.sum(axis=0)  # what each rank sends, to its own host's ranks too (as recorded)
             for nbytes in table:
-                begin = np.maximum(inside, np.roll(inside, -1)) + self.alpha
-                end = begin + self._time(begin, nbytes)
-                self.free_at = end
+                begin = np.maximum(inside, np.roll(inside, -1)) + alpha
+                end = begin + self._time(begin, nbytes if every else np.where(self.cross, nbytes, 0.0))
+                self.free_at = end if every else np.where(self.cross, end, self.free_at)
                 inside = np.maximum(end, np.roll(end, 1))
         return inside, sent
 
     def _time(self, begin: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Each transfer's duration from ``begin`` with the uplink's tokens, which it uses up."""
-        if self.burst <= 0:
+        if self.burst <= 0 or self.peak <= self.rate:  # (above the veth's speed tokens buy nothing)
             return nbytes / self.rate
         self.tokens = np.minimum(self.burst, self.tokens + self.rate * np.maximum(0.0, begin - self.free_at))
         self.wet |= self.tokens >= REFILL

@@ -1,5 +1,6 @@
-"""ResNet-50 (He et al. 2016, "v1.5": the stride in the 3x3 convolution of a bottleneck, as torchvision's),
-written in plain torch: 25,557,032 parameters at 1,000 classes, torchvision's ``resnet50`` exactly (tested).
+"""ResNet-50 and ResNet-101 (He et al. 2016, "v1.5": the stride in the 3x3 convolution of a bottleneck, as
+torchvision's), written in plain torch: 25,557,032 and 44,549,160 parameters at 1,000 classes, torchvision's
+``resnet50`` and ``resnet101`` exactly (tested).
 
 Its gradients are a few large tensors (the 2048x512 and 512x2048 1x1 convolutions, the 3x3 ones of the
 last stage, the 2048x1000 classifier) beside 106 small BatchNorm vectors, so how they split into buckets
@@ -12,6 +13,7 @@ from torch import nn
 
 WIDTHS = (64, 128, 256, 512)
 BLOCKS = (3, 4, 6, 3)
+BLOCKS_101 = (3, 4, 23, 3)
 EXPANSION = 4
 
 
@@ -41,14 +43,14 @@ class ResNet50(nn.Module):
     """ImageNet's stem (7x7 stride 2, max-pool), four stages of bottlenecks, global average pooling: any
     input of at least 32x32 pixels."""
 
-    def __init__(self, num_classes: int = 1000):
+    def __init__(self, num_classes: int = 1000, blocks: tuple[int, ...] = BLOCKS):
         super().__init__()
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, 2, 1)
         stages, c_in = [], 64
-        for i, (width, n) in enumerate(zip(WIDTHS, BLOCKS)):
+        for i, (width, n) in enumerate(zip(WIDTHS, blocks)):
             blocks = []
             for j in range(n):
                 blocks.append(Bottleneck(c_in, width, 2 if (j == 0 and i > 0) else 1))

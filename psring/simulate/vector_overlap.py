@@ -1,0 +1,58 @@
+"""``--overlap backward`` of the flat ring (``allreduce``, ``ring``; G workers a host) replayed with numpy, for
+thousands of ranks: the units ``overlapped.OverlapReplay`` reduces (``unit_ranges``, ``ReduceSync``'s own
+cut), each ready on a rank once backward made its last parameter's gradient (``overlapped.Plan``), reduced
+one after another in index order on ``vector.VectorRing`` (each rank enters a unit once it is ready there and
+done with the one before: ``UnitRing`` in ready order). A rank's step ends once its last unit is back, and
+its next forward starts then. ``tests/test_simulate_vector_overlap.py`` holds it equal to the flow replay.
+
+``--overlap full`` (the priority scheduler's decisions and the gated forward) is the flow replay's only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import costmodel as cm
+from .. import strategies
+
+
+def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness: str = "bytes"):
+    """``(ring, plan)`` for a run this replays (``--overlap backward``, the flat ring's strategies), else None.
+    ``tuned``: the partition a run being replayed cut (``partition_bytes``), else the one its probe would;
+    ``readiness``: when backward makes each gradient (``profile``)."""
+    from .overlapped import Plan, partition_bytes, unit_ranges
+    from .plans import layout_of
+    from .profile import param_weights
+    from .run import burst_bytes
+    from .vector import VectorRing
+
+    if cfg.overlap != "backward" or cfg.workers < 2 or not strategies.attr(cfg.sync, "reducer") \
+            or strategies.attr(cfg.sync, "cost_model") != cm.RING_MODEL:
+        return None
+    layout = layout_of(cfg)
+    m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
+    cap = int((tuned or {}).get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))
+    ranges = unit_ranges(cfg, layout, cap)
+    rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+    ring = VectorRing(cfg.workers, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, rate, alpha_s,
+                      burst_bytes(cfg.link_burst), per_host=cfg.per_host)
+    return ring, Plan(layout, ranges, param_weights(cfg, readiness))
+
+
+def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
+    """Every step of every worker: forward, then backward making the units ready as it goes, each reduced as
+    soon as the ring gets to it; the records as ``OverlapReplay``'s (sync: from backward's end to the last
+    unit back)."""
+    from ..train.emulation import FORWARD_SHARE
+    from .run import record
+
+    share = np.asarray(plan.ready, dtype=np.float64)[:, None]
+    records: list[list[dict]] = [[] for _ in range(cfg.workers)]
+    t = np.zeros(cfg.workers)
+    for step in range(cfg.steps):
+        c = np.asarray(compute[step], dtype=np.float64)
+        begin = t + c * FORWARD_SHARE  # backward starts
+        end, sent = ring.units(begin[None, :] + c[None, :] * (1 - FORWARD_SHARE) * share)
+        for r in range(cfg.workers):
+            records[r].append(record(cfg, r, step, t[r], t[r] + c[r], end[r], sent[r]))
+        t = end
+    return records

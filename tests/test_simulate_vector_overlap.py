@@ -1,0 +1,95 @@
+"""The numpy replay of the flat ring's ``--overlap backward`` (``simulate/vector_overlap.py``) against the flow
+replay it stands in for (``overlapped.OverlapReplay`` on ``network.Network``): the same steps, with one worker
+a host or G, with tbf's burst or none, with jitter; and the scale it exists for."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from psring.config import TrainConfig
+from psring.simulate.run import simulate
+from psring.simulate.vector_overlap import vector_overlap_of
+
+
+def _cfg(**kw) -> TrainConfig:
+    base = dict(sync="ring", workers=4, model="resnet18", net="emulated", link_rate="100mbit",
+                compute="emulated:3000", overlap="backward", steps=4, warmup=1, batch_size=16)
+    return TrainConfig(**{**base, **kw}).validate()
+
+
+def _steps(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(),
+    dict(sync="allreduce", workers=6, link_rate="1gbit", compute="emulated:400", link_burst="1mb"),
+    dict(workers=8, workers_per_host=2, bucket_mb=2.0, link_burst="128kb"),
+    dict(workers=6, workers_per_host=3, link_rate="10gbit", compute="emulated:150"),
+])
+@pytest.mark.parametrize("jitter", ["none", "lognormal:0.1"])
+def test_the_numpy_replay_is_the_flow_replay(tmp_path, kw, jitter):
+    cfg = _cfg(**kw)
+    assert vector_overlap_of(cfg, 50e-6) is not None
+    fast = simulate(cfg, tmp_path / "vector", jitter=jitter)
+    flow = simulate(cfg, tmp_path / "flow", jitter=jitter, flows=True)
+    assert fast["step_s_p50"] == pytest.approx(flow["step_s_p50"], rel=1e-6)
+    assert fast["bytes_sent_per_step"] == pytest.approx(flow["bytes_sent_per_step"], rel=1e-9)
+    a, b = _steps(tmp_path / "vector"), _steps(tmp_path / "flow")
+    assert len(a) == len(b) == cfg.steps * cfg.workers
+    key = lambda r: (r["step"], r["rank"])  # noqa: E731
+    for x, y in zip(sorted(a, key=key), sorted(b, key=key)):
+        assert x["step_s"] == pytest.approx(y["step_s"], rel=1e-6, abs=1e-9)
+        assert x["sync_s"] == pytest.approx(y["sync_s"], rel=1e-6, abs=1e-9)
+
+
+def test_what_it_does_not_replay_goes_to_the_flow_network():
+    assert vector_overlap_of(_cfg(overlap="full"), 50e-6) is None
+    assert vector_overlap_of(_cfg(overlap="none"), 50e-6) is None
+    assert vector_overlap_of(_cfg(sync="ps", servers=4), 50e-6) is None
+    assert vector_overlap_of(_cfg(sync="hierarchical", workers=8, workers_per_host=2), 50e-6) is None
+
+
+def test_it_reaches_hundreds_of_workers(tmp_path):
+    """512 workers, 4 a host, ResNet-50's gradients in 64 MB buckets: a few seconds, not hours (the flow
+    replay's cost grows with every rank's every round); the time is printed, not asserted."""
+    cfg = _cfg(workers=512, workers_per_host=4, model="resnet50", link_rate="25gbit", compute="emulated:300",
+               bucket_mb=64.0, steps=3, batch_size=64, num_samples=65536)
+    t0 = time.perf_counter()
+    s = simulate(cfg, tmp_path / "big")
+    print(f"512 workers x 3 steps: {time.perf_counter() - t0:.1f} s")
+    hosts_link = 25e9 / 8 * 1448 / 1514
+    comm = 2 * 511 / 512 * 25_557_032 * 4 / hosts_link  # what each host link carries, at least
+    assert s["step_s_p50"] > max(0.3, 0.1 + comm)  # forward, then no less than the link's share of it
+    assert s["simulated"] is True
+
+
+def test_flops_readiness_follows_the_layers_multiply_adds_and_both_replays_agree(tmp_path):
+    """``--readiness flops`` (``simulate/profile.py``): VGG-16's fully connected layers hold 89% of its bytes and
+    about 1% of its multiply-adds, so backward makes most of its bytes at once by compute and last by bytes; the
+    numpy and flow replays take the same plan."""
+    from psring.simulate.profile import param_weights
+
+    cfg = _cfg(model="psring.train.zoo:vgg16", image_size=224, num_samples=65536)
+    w = param_weights(cfg, "flops")
+    fc = sum(v for k, v in w.items() if k.startswith("classifier"))
+    assert 0.003 < fc / sum(w.values()) < 0.02
+    assert all(v == 0 for k, v in w.items() if k.endswith("bias"))
+    assert param_weights(cfg, "bytes") is None
+    small = _cfg(link_rate="1gbit", compute="emulated:400")
+    fast = simulate(small, tmp_path / "v", readiness="flops")
+    flow = simulate(small, tmp_path / "f", readiness="flops", flows=True)
+    assert fast["step_s_p50"] == pytest.approx(flow["step_s_p50"], rel=1e-6) and fast["readiness"] == "flops"
+    assert "readiness" not in simulate(small, tmp_path / "b")  # the default left out (sweeps' finished runs)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--readiness", "time"], "invalid choice: 'time'"),
+    (["--readiness", "flops", "--model", "vit_b_16"], "is a weight matrix of neither: use --readiness bytes"),
+])
+def test_bad_readiness_is_one_line(psring, tmp_path, argv, msg):
+    r = psring.run("simulate", "--sync", "ring", "--workers", "4", "--compute", "emulated:100", "--overlap",
+                   "backward", "--out", str(tmp_path / "x"), *argv, timeout=120)
+    assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
