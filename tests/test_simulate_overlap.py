@@ -70,7 +70,8 @@ def test_with_little_to_send_a_step_is_its_compute_and_the_last_units_tail(tmp_p
 
 
 def test_what_is_not_replayed_yet_is_one_line_and_exit_2(tmp_path):
-    for kw in (dict(sync="ps", servers=4, consistency="asp"), dict(sync="hierarchical", workers=8, workers_per_host=2)):
+    for kw in (dict(sync="ps", servers=4, consistency="asp"),
+               dict(sync="hierarchical", workers=8, workers_per_host=2, overlap="full")):
         with pytest.raises(ConfigError, match="replays --overlap"):
             check(_cfg(**kw))
     r = subprocess.run([sys.executable, "-m", "psring", "simulate", "--sync", "hierarchical", "--workers", "8",

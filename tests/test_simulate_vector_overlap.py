@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from psring.config import TrainConfig
+from psring.config import ConfigError, TrainConfig
 from psring.simulate.run import simulate
 from psring.simulate.vector_overlap import vector_overlap_of
 
@@ -49,7 +49,6 @@ def test_what_it_does_not_replay_goes_to_the_flow_network():
     assert vector_overlap_of(_cfg(overlap="full"), 50e-6) is None
     assert vector_overlap_of(_cfg(overlap="none"), 50e-6) is None
     assert vector_overlap_of(_cfg(sync="ps", servers=4), 50e-6) is None
-    assert vector_overlap_of(_cfg(sync="hierarchical", workers=8, workers_per_host=2), 50e-6) is None
 
 
 def test_it_reaches_hundreds_of_workers(tmp_path):
@@ -93,3 +92,33 @@ def test_bad_readiness_is_one_line(psring, tmp_path, argv, msg):
     r = psring.run("simulate", "--sync", "ring", "--workers", "4", "--compute", "emulated:100", "--overlap",
                    "backward", "--out", str(tmp_path / "x"), *argv, timeout=120)
     assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_hierarchical_backward_is_one_ring_over_the_hosts(tmp_path):
+    """``hierarchical --overlap backward`` (numpy only): with one worker a host it is the flat ring's replay; with
+    G it moves the bytes of its ``--overlap none`` replay (``VectorHierarchy``) and hides some of their time."""
+    flat = simulate(_cfg(sync="allreduce", workers=6), tmp_path / "flat")
+    one = simulate(_cfg(sync="hierarchical", workers=6, workers_per_host=1), tmp_path / "one")
+    assert one["step_s_p50"] == pytest.approx(flat["step_s_p50"], rel=1e-9)
+    kw = dict(sync="hierarchical", workers=8, workers_per_host=2, link_rate="1gbit", compute="emulated:600")
+    back = simulate(_cfg(**kw), tmp_path / "back")
+    none = simulate(_cfg(**kw, overlap="none"), tmp_path / "none")
+    assert back["bytes_sent_per_step"] == pytest.approx(none["bytes_sent_per_step"], rel=1e-9)
+    assert 0.6 < back["step_s_p50"] < none["step_s_p50"]
+    with pytest.raises(ConfigError, match="no hierarchical overlap"):
+        simulate(_cfg(**kw), tmp_path / "flow", flows=True)
+    with pytest.raises(ConfigError, match="hierarchical's backward"):
+        simulate(_cfg(**{**kw, "overlap": "full"}), tmp_path / "full")
+
+
+def test_results_topologys_hierarchical_backward_run_is_replayed_within_5_percent():
+    """results/simulate/validation.csv: the one overlapped hierarchical run (results/topology, 8 workers, 2 a host,
+    50 Mbit), replayed by ``HostRing``."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    v = pd.read_csv(Path(__file__).resolve().parent.parent / "results" / "simulate" / "validation.csv")
+    row = v[(v["sync"] == "hierarchical") & (v["overlap"] == "backward")]
+    assert len(row) == 1 and row["replayed"].iloc[0] == "yes" and bool(row["link_bound"].iloc[0])
+    assert abs(float(row["step_ratio"].iloc[0]) - 1) <= 0.05

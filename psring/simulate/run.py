@@ -71,10 +71,12 @@ def check(cfg: TrainConfig) -> float:
     ms = parse_compute(cfg.compute)
     if not ms:
         raise ConfigError(f"psring simulate needs --compute emulated:MS (got {cfg.compute}): it replays time")
-    ring = strategies.attr(cfg.sync, "reducer") and strategies.attr(cfg.sync, "cost_model") == cm.RING_MODEL
+    model = strategies.attr(cfg.sync, "cost_model") if strategies.attr(cfg.sync, "reducer") else None
+    ring = model == cm.RING_MODEL or model == cm.HIERARCHICAL_MODEL and cfg.overlap == "backward"
     if overlapped(cfg) and not (ring or strategies.uses_servers(cfg.sync) and cfg.consistency == "bsp"):
-        raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies and "
-                          f"the BSP PS only so far (got {cfg.sync}, --consistency {cfg.consistency})")
+        raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies, "
+                          f"hierarchical's backward and the BSP PS only so far (got {cfg.sync}, --consistency "
+                          f"{cfg.consistency})")
     if cfg.compress != NONE and (overlapped(cfg) or dense_codec(cfg.compress) is None):
         raise ConfigError(f"psring simulate replays the dense codecs (fp16, bf16) with --overlap none only so far "
                           f"(got --compress {cfg.compress}, --overlap {cfg.overlap})")
@@ -160,6 +162,8 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
     vector = None if flows or overlapped(cfg) or cfg.compress != NONE else vector_of(cfg, alpha_us * 1e-6)
     unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
+    if flows and overlapped(cfg) and strategies.attr(cfg.sync, "cost_model") == cm.HIERARCHICAL_MODEL:
+        raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
     if vector is not None:
         records = vector_records(cfg, compute, vector)
     elif unitwise is not None:

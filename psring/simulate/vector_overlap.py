@@ -5,7 +5,11 @@ one after another in index order on ``vector.VectorRing`` (each rank enters a un
 done with the one before: ``UnitRing`` in ready order). A rank's step ends once its last unit is back, and
 its next forward starts then. ``tests/test_simulate_vector_overlap.py`` holds it equal to the flow replay.
 
-``--overlap full`` (the priority scheduler's decisions and the gated forward) is the flow replay's only.
+``hierarchical`` (G workers on each of H hosts) as ``vector.VectorHierarchy`` replays it: its in-host stages free,
+its G cross-host rings one ring over the hosts on whole units, a host entering a unit once its last rank has it.
+
+``--overlap full`` (the priority scheduler's decisions and the gated forward) is the flow replay's only, and
+the flow replay has no hierarchical overlap.
 """
 from __future__ import annotations
 
@@ -25,17 +29,33 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     from .run import burst_bytes
     from .vector import VectorRing
 
+    model = strategies.attr(cfg.sync, "cost_model")
     if cfg.overlap != "backward" or cfg.workers < 2 or not strategies.attr(cfg.sync, "reducer") \
-            or strategies.attr(cfg.sync, "cost_model") != cm.RING_MODEL:
+            or model not in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL):
         return None
+    hosts = cfg.workers // cfg.per_host if model == cm.HIERARCHICAL_MODEL else cfg.workers
     layout = layout_of(cfg)
     m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
     cap = int((tuned or {}).get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))
     ranges = unit_ranges(cfg, layout, cap)
     rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
-    ring = VectorRing(cfg.workers, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, rate, alpha_s,
-                      burst_bytes(cfg.link_burst), per_host=cfg.per_host)
-    return ring, Plan(layout, ranges, param_weights(cfg, readiness))
+    ring = VectorRing(hosts, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, rate, alpha_s,
+                      burst_bytes(cfg.link_burst), per_host=1 if hosts < cfg.workers else cfg.per_host)
+    plan = Plan(layout, ranges, param_weights(cfg, readiness))
+    return (HostRing(ring, cfg.per_host) if hosts < cfg.workers else ring), plan
+
+
+class HostRing:
+    """``hierarchical``'s units on one ring over the hosts: a host enters a unit once its last rank has it;
+    its G ranks hold the sum together, each having sent 1/G of the host's bytes (``VectorHierarchy``'s)."""
+
+    def __init__(self, ring, per_host: int):
+        self.ring, self.g = ring, per_host
+
+    def units(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u, n = ready.shape
+        end, sent = self.ring.units(ready.reshape(u, n // self.g, self.g).max(axis=2))
+        return np.repeat(end, self.g), np.repeat(sent / self.g, self.g)
 
 
 def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
