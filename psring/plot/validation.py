@@ -9,7 +9,10 @@ import numpy as np
 import pandas as pd
 
 from ..strategies import attr
-from .common import HOLLOW_NOTE, new_figure
+from .common import new_figure
+
+# validate.py's link_bound: not CPU-saturated, and the run's own CPU fits both cores at its replayed step
+CPU_DECIDED = "hollow: CPU-decided (≥ 90% of all cores, or its CPU\nwould not fit at the pace its links allow)"
 
 
 def load_validation(folder: Path) -> pd.DataFrame | None:
@@ -41,5 +44,5 @@ def figure_validation(v: pd.DataFrame):
     ax.set_title(f"psring simulate against {len(done)} committed emulated runs\n"
                  f"{ok} of {len(inside)} link-bound ones within ±10%")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, title=HOLLOW_NOTE if (~done["link_bound"].astype(bool)).any() else None, title_fontsize=7)
+    ax.legend(fontsize=8, title=CPU_DECIDED if (~done["link_bound"].astype(bool)).any() else None, title_fontsize=7)
     return fig

@@ -9,7 +9,8 @@ backward ended (``start(rank)``) and calls ``done(rank, bytes_sent)`` when it ho
   receive) and the round ends for r when its send and its receive both arrived. ``allreduce`` (gloo's
   ring) and ``ring`` run it over all N ranks; ``hierarchical`` runs G of them at once, ring l over the
   local ranks l of the H hosts with the l-th of G slices of every bucket (the in-host reduce-scatter and
-  all-gather are free: an emulated host's loopback).
+  all-gather are free: an emulated host's loopback). A sparse or 1-bit codec's encodings are all-gathered
+  instead (``gathered``: N - 1 rounds of each part, every rank sending one rank's part in each).
 * ``PSProgram``: worker w sends each server its chunks in order on one connection (FIFO), at most
   ``window`` of them unanswered per server; a server answers a chunk (to every worker, FIFO per
   connection) once all N pushes of it arrived (BSP). ASP and SSP (``sync.ps.consistency``): a push is its
@@ -33,9 +34,11 @@ class RingProgram:
     host's all-gather needs every local rank's slice; on one host it is free)."""
 
     def __init__(self, net: Network, host_of: list[int], rings: list[list[int]], slices: list[list[int]],
-                 itemsize: int, done: Done):
+                 itemsize: int, done: Done, gathered: list[int] | None = None):
+        """``gathered``: an all-gather instead (a sparse or 1-bit codec's encodings): per round, the bytes
+        every rank sends (each part of each bucket's encoding, N - 1 rounds each); ``slices`` unused."""
         self.net, self.host_of, self.done, self.itemsize = net, host_of, done, itemsize
-        self.rings = [_Ring(self, members, numels) for members, numels in zip(rings, slices)]
+        self.rings = [_Ring(self, members, numels, gathered) for members, numels in zip(rings, slices)]
         self.steps = [0] * len(host_of)  # steps each rank has started
         self.reported = [0] * len(host_of)  # steps each rank has finished
         self.on_host: dict[int, list[int]] = {}
@@ -63,13 +66,15 @@ class RingProgram:
 
 
 class _Ring:
-    def __init__(self, prog: RingProgram, members: list[int], bucket_numels: list[int]):
+    def __init__(self, prog: RingProgram, members: list[int], bucket_numels: list[int],
+                 gathered: list[int] | None = None):
         self.prog, self.members = prog, members
         self.pos = {r: i for i, r in enumerate(members)}
         n = len(members)
         # every round of every bucket, per position: the bytes that position sends in it
         self.bytes = [[chunk_sizes(numel, n)[sent] * prog.itemsize
-                       for numel in bucket_numels for _, _, sent, _ in schedule(i, n)] for i in range(n)]
+                       for numel in bucket_numels for _, _, sent, _ in schedule(i, n)] for i in range(n)] \
+            if gathered is None else [list(gathered) for _ in range(n)]
         self.total = len(self.bytes[0]) if n > 1 else 0
         # rounds are numbered on across steps (step s: rounds s*total .. (s+1)*total - 1), so a transfer of
         # one step never mixes with the next one's; a position waits between steps (live False)

@@ -65,7 +65,7 @@ def compute_times(cfg: TrainConfig, compute_s: float, jitter: tuple[str, float])
 
 def check(cfg: TrainConfig) -> float:
     """The run's compute (s); one-line ``ConfigError`` for what the simulator does not replay."""
-    from ..compress.codecs import dense_codec
+    from ..compress.spec import POWERSGD
     from ..train.emulation import parse_compute
 
     ms = parse_compute(cfg.compute)
@@ -77,9 +77,9 @@ def check(cfg: TrainConfig) -> float:
         raise ConfigError(f"psring simulate replays --overlap {cfg.overlap} for the flat ring's strategies, "
                           f"hierarchical's backward and the BSP PS only so far (got {cfg.sync}, --consistency "
                           f"{cfg.consistency})")
-    if cfg.compress != NONE and (overlapped(cfg) or dense_codec(cfg.compress) is None):
-        raise ConfigError(f"psring simulate replays the dense codecs (fp16, bf16) with --overlap none only so far "
-                          f"(got --compress {cfg.compress}, --overlap {cfg.overlap})")
+    if cfg.compress != NONE and (overlapped(cfg) or cfg.compress.partition(":")[0] == POWERSGD):
+        raise ConfigError(f"psring simulate replays the codecs (fp16, bf16, top-k, random-k, 1-bit) with --overlap "
+                          f"none only so far (got --compress {cfg.compress}, --overlap {cfg.overlap})")
     for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
         try:
             if rate is not None:
@@ -122,20 +122,28 @@ def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[
 
 def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: list[int], done):
     """The strategy's step plan on this cluster, from the planners its synchronizer runs."""
-    from ..compress.codecs import dense_codec
+    from ..compress.codecs import parse
+    from .codec_bytes import gathered_rounds, ps_reply_bytes
 
-    layout, codec = layout_of(cfg), dense_codec(cfg.compress)
+    layout = layout_of(cfg)
+    codec = None if cfg.compress == NONE else parse(cfg.compress, cfg.error_feedback)
     itemsize = layout[0].dtype.itemsize
     model = strategies.attr(cfg.sync, "cost_model")
     if strategies.uses_servers(cfg.sync):
         chunks, window = ps_plan(cfg, layout)
-        pushes = [codec.wire_bytes(b // itemsize) for _, b in chunks] if codec else None
-        if codec and cfg.ps_design == "aggregate":  # replies the mean in the codec's dtype, else the parameters
-            chunks = [(s, p) for (s, _), p in zip(chunks, pushes)]
+        pushes = None
+        if codec is not None:  # pushed in the codec's bytes; replied as the design answers (codec_bytes)
+            numels = [b // itemsize for _, b in chunks]
+            pushes = [codec.wire_bytes(n) for n in numels]
+            chunks = [(s, ps_reply_bytes(codec, n, itemsize, cfg.workers, cfg.ps_design))
+                      for (s, _), n in zip(chunks, numels)]
         return PSProgram(net, host_of, server_host, chunks, window, done, cfg.consistency, cfg.staleness, pushes)
-    if codec:  # the shadow bucket in the codec's dtype, reduced as it is (sync/compressed.py)
-        itemsize = codec.wire_bytes(1)
     numels = bucket_numels(cfg, layout)
+    if codec is not None and not codec.dense:  # every rank's encoding all-gathered, hierarchical's too
+        return RingProgram(net, host_of, [list(range(cfg.workers))], [numels], itemsize, done,
+                           gathered_rounds(codec, numels, cfg.workers))
+    if codec is not None:  # the shadow bucket in the codec's dtype, reduced as it is (sync/compressed.py)
+        itemsize = codec.wire_bytes(1)
     if model == cm.HIERARCHICAL_MODEL:
         from ..sync.ring import chunk_sizes
 
@@ -160,7 +168,7 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
 
     check_readiness(readiness)
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    vector = None if flows or overlapped(cfg) or cfg.compress != NONE else vector_of(cfg, alpha_us * 1e-6)
+    vector = None if flows or overlapped(cfg) else vector_of(cfg, alpha_us * 1e-6)
     unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
     if flows and overlapped(cfg) and strategies.attr(cfg.sync, "cost_model") == cm.HIERARCHICAL_MODEL:
         raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
@@ -199,9 +207,16 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     """The numpy replay of this run, where one exists: the flat ring with one worker per host
     (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
     the PS with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a
-    fluid); else None (the flow network)."""
+    fluid), an all-gathered codec's ring (``codec_bytes.gathered_vector``); else None (the flow network)."""
     from ..topology import colocated_servers
 
+    if cfg.compress != NONE:  # all-gathered codecs on the ring (codec_bytes); dense ones on the flow network
+        from .codec_bytes import gathered_vector
+
+        layout = layout_of(cfg)
+        return gathered_vector(cfg, layout, bucket_numels(cfg, layout),
+                               cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps, alpha_s,
+                               burst_bytes(cfg.link_burst))
     model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
     ring_like = model == cm.HIERARCHICAL_MODEL or (model == cm.RING_MODEL and cfg.per_host == 1)
     dedicated = colocated_servers(cfg.ps_placement, hosts, cfg.servers) == 0

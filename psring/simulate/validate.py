@@ -7,6 +7,12 @@ A run's own ``config.json`` is simulated as it is (its strategy, N, S, G, links,
 chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated link's calibrated 205 us;
 an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
 cores).
+
+Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: ``cpu_util`` < 0.9), and the CPU
+it measured per step would fit in the machine's cores at its replayed step (``cpu_at_replay`` = ``cpu_util`` x
+measured step / replayed step < ``CPU_FITS``, the share ``bounds.cpu_at_bound`` reads at a run's bound): a run
+whose own CPU needs more than the cores during the step the links would allow is decided by the CPU, whatever
+its mean utilisation says (a codec's encode and decode at a few ranks at a time, sleeps between).
 """
 from __future__ import annotations
 
@@ -23,7 +29,9 @@ from .run import check, overlapped, simulate
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
            "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")
 COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap", "compress",
-           "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "link_bound", "replayed"]
+           "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "cpu_at_replay", "link_bound",
+           "replayed"]
+CPU_FITS = 0.9  # as cpu_saturated's threshold: above it the cores, not the links, set the pace
 
 
 def runs_of(results: Path) -> list[tuple[str, Path, dict]]:
@@ -57,6 +65,10 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     sim = {"sim_sync_s": s["sync_s_p50"], "sim_step_s": s["step_s_p50"], "replayed": "yes"}
     sim["sync_ratio"] = sim["sim_sync_s"] / base["sync_s"] if base["sync_s"] else None
     sim["step_ratio"] = sim["sim_step_s"] / base["step_s"] if base["step_s"] else None
+    cpu = row.get("cpu_util")
+    if pd.notna(cpu) and base["step_s"] and sim["sim_step_s"]:
+        sim["cpu_at_replay"] = float(cpu) * base["step_s"] / sim["sim_step_s"]
+        base["link_bound"] = base["link_bound"] and sim["cpu_at_replay"] < CPU_FITS
     return {**base, **sim}
 
 

@@ -34,9 +34,12 @@ class VectorRing:
     """A flat ring of ``world`` ranks, one per host, on links of ``rate_Bps`` with tbf's ``burst_bytes``."""
 
     def __init__(self, world: int, bucket_numels: list[int], itemsize: int, rate_Bps: float, alpha_s: float,
-                 burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS, per_host: int = 1):
+                 burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS, per_host: int = 1,
+                 gathered: list[int] | None = None):
         """``per_host``: G ranks a host, in rank order; a send from a rank to the next on its own host is
-        free (no alpha, no time: the flow network's same-host send), the others cross a host link."""
+        free (no alpha, no time: the flow network's same-host send), the others cross a host link.
+        ``gathered``: an all-gather instead of the buckets' reductions (``codec_bytes.gathered_rounds``: per
+        round, the bytes every rank sends), as ``programs.RingProgram`` takes it."""
         self.n, self.rate, self.alpha = world, rate_Bps, alpha_s
         self.cross = (np.arange(world) // per_host) != ((np.arange(world) + 1) % world // per_host)
         self.burst, self.peak = float(burst_bytes), max(peak_Bps, rate_Bps)
@@ -44,6 +47,9 @@ class VectorRing:
         # per bucket: [round, rank] bytes sent
         self.rounds = [np.asarray(chunk_sizes(numel, world), dtype=np.float64)[chunks] * itemsize
                        for numel in bucket_numels] if world > 1 else []
+        if gathered is not None:
+            self.rounds = [np.repeat(np.asarray(gathered, dtype=np.float64)[:, None], world, axis=1)] \
+                if world > 1 and gathered else []
         self.tokens = np.full(world, self.burst)
         self.wet = np.full(world, self.burst > 0)
         self.free_at = np.zeros(world)  # when each uplink last finished sending
