@@ -149,3 +149,27 @@ def test_scale_overlap_claims():
     assert (ring10["full"] / ring10["none"]).between(1.3, 1.55).all()
     ring25 = eff.xs(("25gbit", "ring"))
     assert (ring25["full"] < ring25["backward"]).all() and (ring25["backward"] > 0.88).all()
+
+
+def test_scale_codecs_claims():
+    """results/scale_codecs's README: an all-gathered codec's bytes grow with N (1-bit ties the uncompressed ring at
+    N = 64 = 2M/e, top-k 1% is ahead at 64 and behind from 128, at both rates); fp16 halves the ring's bytes and
+    leads at every N; at 8 workers top-k and 1-bit lead by about 2x at 10 Gbit/s."""
+    from psring.plot.scale_codecs import behind
+
+    raw = pd.read_csv(FOLDER.parent / "scale_codecs" / "runs.csv")
+    assert (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all() and len(raw) == 65
+    df = scale_table(raw).assign(compress=lambda d: d["compress"].fillna("none"))
+    assert len(df) == 64 and sorted(df["workers"].unique()) == [8, 16, 32, 64, 128, 256, 512, 1024]
+    first = behind(df).set_index(["rate_gbit", "compress"])["behind_from"]
+    for rate in (10.0, 25.0):
+        assert first[(rate, "onebit")] == 64 and first[(rate, "topk:0.01")] == 128
+        assert math.isnan(first[(rate, "fp16")])
+    eff = df.pivot_table(index=["rate_gbit", "compress"], columns="workers", values="efficiency")
+    assert eff.loc[(10.0, "onebit"), 64] == pytest.approx(eff.loc[(10.0, "none"), 64], rel=0.002)  # the tie
+    assert eff.loc[(10.0, "topk:0.01"), 8] > 2 * eff.loc[(10.0, "none"), 8]
+    sent = df.pivot_table(index="compress", columns="workers", values="bytes_sent_per_step")
+    assert sent.loc["fp16"].div(sent.loc["none"]).between(0.49, 0.51).all()
+    assert sent.loc["topk:0.01", 1024] / sent.loc["topk:0.01", 8] == pytest.approx(1023 / 7, rel=1e-6)
+    assert {p.name for p in (FOLDER.parent / "scale_codecs" / "figures").iterdir()} == {"scale_codecs.png",
+                                                                                          "scale_codecs.svg"}

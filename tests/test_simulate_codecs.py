@@ -21,6 +21,14 @@ def _cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw}).validate()
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(workers=8, workers_per_host=2, link_burst="128kb")])
+def test_the_rings_fp16_on_numpy_is_its_flow_replay(tmp_path, kw):
+    cfg = _cfg(sync="ring", compress="fp16", **kw)
+    fast, flow = simulate(cfg, tmp_path / "v"), simulate(cfg, tmp_path / "f", flows=True)
+    assert fast["sync_s_p50"] == pytest.approx(flow["sync_s_p50"], rel=1e-6)
+    assert fast["bytes_sent_per_step"] == pytest.approx(flow["bytes_sent_per_step"], rel=1e-9)
+
+
 def test_fp16_halves_what_the_ring_sends_and_what_the_ps_pushes(tmp_path):
     ring, ring16 = (simulate(_cfg(sync="ring", compress=c), tmp_path / f"r{c}") for c in ("none", "fp16"))
     assert ring16["bytes_sent_per_step"] == pytest.approx(ring["bytes_sent_per_step"] / 2, rel=1e-3)
@@ -41,7 +49,7 @@ def test_what_is_not_replayed_is_refused_in_one_line():
 @pytest.mark.parametrize("spec", ["topk:0.01", "randomk:0.05", "onebit"])
 def test_all_gathered_codecs_send_n_minus_1_encodings_and_both_replays_agree(tmp_path, sync, spec):
     """``sync/compressed.py``: every rank's encoding all-gathered, part by part (``wire_bytes``: (N - 1) of them);
-    the numpy replay (``codec_bytes.gathered_vector``) equals the flow network's."""
+    the numpy replay (``codec_bytes.codec_vector``) equals the flow network's."""
     from psring.compress.codecs import parse
     from psring.simulate.plans import bucket_numels, layout_of
 

@@ -16,7 +16,8 @@ What is drawn depends on what the folder holds:
   a simulated sweep over many N (``experiments/scale.toml``) -> ``scale`` and ``scale_jitter`` alone
   (``plot/scale.py``); one over BSP, SSP and ASP (``experiments/scale_consistency.toml``) -> ``consistency`` alone
   (``plot/consistency.py``: each worker at its own pace); one over ``--overlap`` modes
-  (``experiments/scale_overlap.toml``) -> ``scale_overlap`` alone (``plot/scale_overlap.py``); a replay beside
+  (``experiments/scale_overlap.toml``) -> ``scale_overlap`` alone (``plot/scale_overlap.py``); one over codecs
+  (``experiments/scale_codecs.toml``) -> ``scale_codecs`` alone (``plot/scale_codecs.py``); a replay beside
   the published result in the folder's ``published.csv`` (``experiments/published_horovod.toml``) ->
   ``published`` alone (``plot/published.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
@@ -74,6 +75,7 @@ from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
 from .published import figure_published, load_published
+from .scale_codecs import figure_scale_codecs, has_scale_codecs
 from .scale_overlap import figure_scale_overlap, has_scale_overlap
 from .validation import figure_validation, load_validation
 from .topology import figure_topology, has_topology
@@ -146,6 +148,8 @@ def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tupl
     written: list[Path] = []
     if has_scale_overlap(runs):  # replayed over N and --overlap modes (experiments/scale_overlap.toml)
         return save(figure_scale_overlap(runs), out, "scale_overlap", formats)
+    if has_scale_codecs(runs):  # replayed over N and codecs (experiments/scale_codecs.toml)
+        return save(figure_scale_codecs(runs), out, "scale_codecs", formats)
     if has_scale(runs):  # replayed from 8 to 1,024 workers (experiments/scale.toml)
         jittered = not jitter_cost(runs).query("rate_gbit == 25 and alpha_us == 20").empty
         return save(figure_scale(runs), out, "scale", formats) + \

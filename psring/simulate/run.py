@@ -207,14 +207,14 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     """The numpy replay of this run, where one exists: the flat ring with one worker per host
     (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
     the PS with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a
-    fluid), an all-gathered codec's ring (``codec_bytes.gathered_vector``); else None (the flow network)."""
+    fluid), a codec's ring (``codec_bytes.codec_vector``); else None (the flow network)."""
     from ..topology import colocated_servers
 
-    if cfg.compress != NONE:  # all-gathered codecs on the ring (codec_bytes); dense ones on the flow network
-        from .codec_bytes import gathered_vector
+    if cfg.compress != NONE:  # the reduce family's codecs on the ring (codec_bytes); the PS's on the flow network
+        from .codec_bytes import codec_vector
 
         layout = layout_of(cfg)
-        return gathered_vector(cfg, layout, bucket_numels(cfg, layout),
+        return codec_vector(cfg, layout, bucket_numels(cfg, layout),
                                cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps, alpha_s,
                                burst_bytes(cfg.link_burst))
     model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
