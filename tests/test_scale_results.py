@@ -173,3 +173,26 @@ def test_scale_codecs_claims():
     assert sent.loc["topk:0.01", 1024] / sent.loc["topk:0.01", 8] == pytest.approx(1023 / 7, rel=1e-6)
     assert {p.name for p in (FOLDER.parent / "scale_codecs" / "figures").iterdir()} == {"scale_codecs.png",
                                                                                           "scale_codecs.svg"}
+
+
+def test_scale_overlap_ring_claims():
+    """results/scale_overlap_ring's README: the numpy replays carry the ring's modes to 1,024 workers, equal to the
+    flow replay's rows at N <= 32; full leads backward at 10 Gbit/s up to 128, ties at 256 and trails from 512, and
+    trails at every N at 25 Gbit/s; overlap's gain over none shrinks with N."""
+    raw = pd.read_csv(FOLDER.parent / "scale_overlap_ring" / "runs.csv")
+    assert (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all() and len(raw) == 49
+    df = raw[raw["workers"] > 1]
+    eff = df.pivot_table(index=["link_rate", "workers"], columns="overlap", values="efficiency")
+    flow = pd.read_csv(FOLDER.parent / "scale_overlap" / "runs.csv")
+    flow = flow[flow["sync"] == "allreduce"].pivot_table(index=["link_rate", "workers"], columns="overlap",
+                                                         values="step_s_p50")
+    mine = df.pivot_table(index=["link_rate", "workers"], columns="overlap", values="step_s_p50")
+    assert (mine.loc[flow.index] - flow).abs().max().max() < 1e-6
+    ten, quarter = eff.xs("10gbit"), eff.xs("25gbit")
+    assert (ten.loc[[8, 16, 32, 64, 128], "full"] > ten.loc[[8, 16, 32, 64, 128], "backward"]).all()
+    assert ten.loc[256, "full"] == pytest.approx(ten.loc[256, "backward"], abs=0.005)
+    assert (ten.loc[[512, 1024], "full"] < ten.loc[[512, 1024], "backward"]).all()
+    assert (quarter["full"] < quarter["backward"]).all()
+    gain = eff["backward"] / eff["none"]
+    for rate in ("10gbit", "25gbit"):
+        assert gain[(rate, 8)] > 1.3 and gain[(rate, 1024)] < 1.25

@@ -1,6 +1,7 @@
-"""The numpy replay of the flat ring's ``--overlap backward`` (``simulate/vector_overlap.py``) against the flow
-replay it stands in for (``overlapped.OverlapReplay`` on ``network.Network``): the same steps, with one worker
-a host or G, with tbf's burst or none, with jitter; and the scale it exists for."""
+"""The numpy replays of the flat ring's ``--overlap backward`` and ``full`` (``simulate/vector_overlap.py``,
+``vector_full.py``) against the flow replay they stand in for (``overlapped.OverlapReplay`` on
+``network.Network``): the same steps, with one worker a host or G, with tbf's burst or none, with jitter; and
+the scale they exist for."""
 from __future__ import annotations
 
 import json
@@ -30,8 +31,11 @@ def _steps(folder) -> list[dict]:
     dict(workers=6, workers_per_host=3, link_rate="10gbit", compute="emulated:150"),
 ])
 @pytest.mark.parametrize("jitter", ["none", "lognormal:0.1"])
-def test_the_numpy_replay_is_the_flow_replay(tmp_path, kw, jitter):
-    cfg = _cfg(**kw)
+@pytest.mark.parametrize("mode", ["backward", "full"])
+def test_the_numpy_replay_is_the_flow_replay(tmp_path, kw, jitter, mode):
+    """``backward``: ``vector_overlap``; ``full`` (the priority scheduler's decisions, the gated forward):
+    ``vector_full``."""
+    cfg = _cfg(**kw, overlap=mode)
     assert vector_overlap_of(cfg, 50e-6) is not None
     fast = simulate(cfg, tmp_path / "vector", jitter=jitter)
     flow = simulate(cfg, tmp_path / "flow", jitter=jitter, flows=True)
@@ -46,7 +50,6 @@ def test_the_numpy_replay_is_the_flow_replay(tmp_path, kw, jitter):
 
 
 def test_what_it_does_not_replay_goes_to_the_flow_network():
-    assert vector_overlap_of(_cfg(overlap="full"), 50e-6) is None
     assert vector_overlap_of(_cfg(overlap="none"), 50e-6) is None
     assert vector_overlap_of(_cfg(sync="ps", servers=4), 50e-6) is None
 

@@ -174,6 +174,10 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
         raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
     if vector is not None:
         records = vector_records(cfg, compute, vector)
+    elif unitwise is not None and cfg.overlap == "full":
+        from .vector_full import full_records
+
+        records = full_records(cfg, compute, *unitwise, alpha_us * 1e-6)
     elif unitwise is not None:
         records = overlap_records(cfg, compute, *unitwise)
     else:

@@ -66,17 +66,22 @@ class VectorRing:
         ``overlapped.UnitRing`` in ready order); when each rank holds the last sum, and what it sent."""
         inside = np.asarray(ready[0], dtype=np.float64).copy() if len(ready) else np.zeros(self.n)
         sent = np.zeros(self.n)
+        for u, at in enumerate(ready):
+            inside = self.reduce(u, np.maximum(inside, at))
+            sent += self.rounds[u].sum(axis=0)  # what each rank sends, to its own host's ranks too (as recorded)
+        return inside, sent
+
+    def reduce(self, u: int, entry: np.ndarray) -> np.ndarray:
+        """Bucket (unit) u's rounds, each rank entering the first at ``entry[rank]``; when each holds its sum."""
         every = bool(self.cross.all())  # one rank a host: no masks (the 1,024-worker replay's hot loop)
         alpha = self.alpha if every else self.alpha * self.cross
-        for table, at in zip(self.rounds, ready):
-            inside = np.maximum(inside, at)
-            sent += table.sum(axis=0)  # what each rank sends, to its own host's ranks too (as recorded)
-            for nbytes in table:
-                begin = np.maximum(inside, np.roll(inside, -1)) + alpha
-                end = begin + self._time(begin, nbytes if every else np.where(self.cross, nbytes, 0.0))
-                self.free_at = end if every else np.where(self.cross, end, self.free_at)
-                inside = np.maximum(end, np.roll(end, 1))
-        return inside, sent
+        inside = entry
+        for nbytes in self.rounds[u]:
+            begin = np.maximum(inside, np.roll(inside, -1)) + alpha
+            end = begin + self._time(begin, nbytes if every else np.where(self.cross, nbytes, 0.0))
+            self.free_at = end if every else np.where(self.cross, end, self.free_at)
+            inside = np.maximum(end, np.roll(end, 1))
+        return inside
 
     def _time(self, begin: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Each transfer's duration from ``begin`` with the uplink's tokens, which it uses up."""

@@ -8,8 +8,9 @@ its next forward starts then. ``tests/test_simulate_vector_overlap.py`` holds it
 ``hierarchical`` (G workers on each of H hosts) as ``vector.VectorHierarchy`` replays it: its in-host stages free,
 its G cross-host rings one ring over the hosts on whole units, a host entering a unit once its last rank has it.
 
-``--overlap full`` (the priority scheduler's decisions and the gated forward) is the flow replay's only, and
-the flow replay has no hierarchical overlap.
+``--overlap full`` of the flat ring (the priority scheduler's decisions and the gated forward) is
+``vector_full.full_records`` on the same ring and plan; hierarchical's ``full`` is not replayed, and the flow
+replay has no hierarchical overlap.
 """
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     from .vector import VectorRing
 
     model = strategies.attr(cfg.sync, "cost_model")
-    if cfg.overlap != "backward" or cfg.workers < 2 or not strategies.attr(cfg.sync, "reducer") \
-            or model not in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL):
+    if cfg.overlap not in ("backward", "full") or cfg.workers < 2 or not strategies.attr(cfg.sync, "reducer") \
+            or model not in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL) \
+            or cfg.overlap == "full" and model != cm.RING_MODEL:
         return None
     hosts = cfg.workers // cfg.per_host if model == cm.HIERARCHICAL_MODEL else cfg.workers
     layout = layout_of(cfg)

@@ -1,0 +1,67 @@
+"""``--overlap full`` of the flat ring (``allreduce``, ``ring``; G workers a host) replayed with numpy, for hundreds
+of workers: ``overlapped.OverlapReplay``'s priority scheduler and gated forward, one decision at a time.
+
+* each step's forward (after the first) runs parameter by parameter, each once the units holding it are summed on
+  that rank (``Plan.covering``), each its share of the forward time; backward starts when forward ends and makes
+  unit u ready at its share of the backward time (``Plan.ready``); the next step starts when backward ends;
+* a decision waits for the one before it to be committed, for fewer than ``CREDITS`` reductions to be in flight
+  on every rank, and for a unit of the step to be ready on every rank; it takes the highest such index (of
+  several made ready at one instant by the same parameter, the flow replay sees the lowest first: its ready
+  events fire in index order) and commits it after a consensus round of 2(N-1) alphas;
+* a committed unit is reduced on ``vector.VectorRing`` in commit order, each rank entering it once it is done
+  with the one before.
+
+``tests/test_simulate_vector_overlap.py`` holds it equal to the flow replay.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..sync.schedule import CREDITS
+
+
+def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
+    """Every step of every worker, as ``OverlapReplay`` records them under ``full`` (sync: the gates' waits)."""
+    from ..train.emulation import FORWARD_SHARE
+    from .run import record
+
+    n, units = cfg.workers, len(plan.numels)
+    consensus = 2 * (n - 1) * alpha_s
+    sent = sum(t.sum(axis=0) for t in ring.rounds) if ring.rounds else np.zeros(n)
+    records: list[list[dict]] = [[] for _ in range(n)]
+    began, inside = np.zeros(n), np.zeros(n)
+    back = np.zeros((units, n))  # when each unit of the last step was summed on each rank
+    done_at: list[float] = []  # per reduction, in commit order: when its last rank had the sum
+    committed = -np.inf
+    for s in range(cfg.steps):
+        c = np.asarray(compute[s], dtype=np.float64)
+        forward_s, backward_s = c * FORWARD_SHARE, c * (1 - FORWARD_SHARE)
+        if s == 0:
+            start = began + forward_s
+        else:
+            start = began.copy()
+            for share, cover in zip(plan.shares, plan.covering):
+                start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
+        ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
+        for r in range(n):
+            records[r].append(record(cfg, r, s, began[r], began[r] + c[r], start[r] + backward_s[r], sent[r]))
+        everywhere = ready.max(axis=1)
+        left = set(range(units))
+        while left:
+            k = len(done_at)
+            slots = done_at[k - CREDITS] if k >= CREDITS else -np.inf
+            first = min(everywhere[u] for u in left)
+            t0 = max(committed, slots, first)
+            if t0 == first and first > max(committed, slots):  # a ready event decides: its unit, not its twins
+                tied = [u for u in left if everywhere[u] == t0]
+                pick = [u for u in left if everywhere[u] < t0] + [min(tied)]
+            else:
+                pick = [u for u in left if everywhere[u] <= t0]
+            u = max(pick)
+            left.discard(u)
+            committed = t0 + consensus
+            inside = ring.reduce(u, np.maximum(inside, committed))
+            back[u] = inside
+            done_at.append(float(inside.max()))
+        began = start + backward_s
+    return records
