@@ -52,9 +52,9 @@ EXPECTED = {
     "scale": {"scale", "scale_jitter"},
     "scale_consistency": {"consistency"},  # and nothing the scale grid draws (has_scale: BSP only, with no jitter)
     "scale_overlap": {"scale_overlap"},  # and nothing the scale grid draws (its modes would share its lines)
-    "published_horovod": {"published"},
-    "scale_codecs": {"scale_codecs"},
-    "scale_overlap_ring": {"scale_overlap"},  # and nothing the codec sweeps of one machine draw (compression)  # and nothing else: its replay beside the published result alone
+    "published_horovod": {"published"},  # and nothing else: its replay beside the published result alone
+    "scale_codecs": {"scale_codecs"},  # and nothing the codec sweeps of one machine draw (compression)
+    "scale_overlap_ring": {"scale_overlap"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }

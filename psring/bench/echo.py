@@ -48,7 +48,10 @@ def sgd_updater(nbytes: int):
     return update
 
 
-def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1", update_bytes: int = 0) -> int:
+def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1", update_bytes: int = 0,
+          freeze: bool = False) -> int:
+    """Echo until an empty message, SIGTERM or ``idle_timeout_s``; ``freeze``: as a process of its own, move
+    what it holds once set up out of the collector's reach (``collector``), as psring's own processes do."""
     keep_freed_memory()  # as psring's own processes do (``allocator``), so the comparison stays fair
     update = sgd_updater(update_bytes) if update_bytes else None
     ctx = zmq.Context()
@@ -58,7 +61,8 @@ def serve(port_file: str, idle_timeout_s: float = 300.0, bind: str = "127.0.0.1"
     tmp = Path(f"{port_file}.tmp{os.getpid()}")
     tmp.write_text(f"tcp://{bind}:{port}\n")
     tmp.rename(port_file)
-    freeze_setup_objects()  # as psring's own processes do (``collector``)
+    if freeze:
+        freeze_setup_objects()
     try:
         while sock.poll(int(idle_timeout_s * 1000)):
             msg = sock.recv_multipart(copy=False)
@@ -81,4 +85,4 @@ if __name__ == "__main__":
     ap.add_argument("--update-bytes", type=int, default=0,
                     help="answer with SGD-updated parameters of this many bytes instead of echoing")
     a = ap.parse_args()
-    raise SystemExit(serve(a.port_file, a.idle_timeout, a.bind, a.update_bytes))
+    raise SystemExit(serve(a.port_file, a.idle_timeout, a.bind, a.update_bytes, freeze=True))

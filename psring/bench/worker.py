@@ -189,7 +189,7 @@ def run(spec: dict) -> int:
     keep_freed_memory()  # as psring worker does
     torch.set_num_threads(1)
     pg = init_process_group("gloo", spec.get("timeout_s", 300))
-    freeze_setup_objects()  # as psring worker does
+    freeze_setup_objects()  # as psring worker does, here before any model: the imports are most of it
     rank, world, out = pg.rank, pg.world, Path(spec["out"])
     strategy, servers, rows = spec["strategy"], spec.get("servers", 1), []
     kids = Children()

@@ -13,7 +13,8 @@ from ..strategies import is_baseline
 from .common import efficiency_axes, new_figure
 from .scale import scale_table
 
-COLORS = {NONE: "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red"}
+COLORS = {NONE: "black", "fp16": "tab:blue", "bf16": "tab:cyan", "onebit": "tab:red", "topk": "tab:green",
+          "randomk": "tab:olive"}
 
 
 def has_scale_codecs(runs: pd.DataFrame) -> bool:
@@ -46,8 +47,8 @@ def figure_scale_codecs(runs: pd.DataFrame):
     for ax, rate in zip(axes[0], rates):
         cell = df[df["rate_gbit"] == rate]
         for codec, g in sorted(cell.groupby("compress"), key=lambda kv: (kv[0] != NONE, kv[0])):
-            ax.plot(g["workers"], g["efficiency"], "-", color=COLORS.get(codec, "tab:green"), marker="o",
-                    markersize=3, label=codec)
+            color = COLORS.get(codec.partition(":")[0], "tab:gray")
+            ax.plot(g["workers"], g["efficiency"], "-", color=color, marker="o", markersize=3, label=codec)
         efficiency_axes(ax, f"ring all-reduce, {rate:g} Gbit/s")
     axes[0][0].set_ylabel("scaling efficiency")
     axes[0][-1].legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), title="--compress")

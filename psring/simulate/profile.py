@@ -5,8 +5,8 @@
 * ``flops``: in proportion to the multiply-adds of the layer each parameter belongs to (a convolution's
   output elements x its input channels per group x its kernel; a linear layer's output elements x its inputs),
   counted once by a forward at ``cfg``'s input size on the meta device; a parameter of a layer without them
-  (a bias, a norm's scale and shift) costs nothing: ready once what backward reached before it is done. Forward's per-parameter shares follow
-  the same counts (``--overlap full``). This is how a real backward spends its time, to first order: where a
+  (a bias, a norm's scale and shift) costs nothing: ready once what backward reached before it is done.
+  Forward's per-parameter shares follow the same counts (``--overlap full``). This is how a real backward spends its time, to first order: where a
   model's bytes and its compute sit apart (VGG-16: 89% of the bytes in the fully connected layers, which
   backward reaches first, in about 1% of its multiply-adds) the two readinesses give very different overlap.
 """
@@ -42,11 +42,15 @@ def param_weights(cfg, readiness: str) -> dict[str, float] | None:
         macs[id(mod)] = macs.get(id(mod), 0.0) + float(out.numel()) * per_out
 
     with torch.device("meta"):
-        model = model_of(cfg)
+        model = model_of(cfg).eval()  # (a norm over a batch of one is fine in eval mode)
         layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         hooks = [m.register_forward_hook(count) for m in layers]
         try:
             model(torch.empty(1, 3, cfg.input_size, cfg.input_size))
+        except Exception as e:  # noqa: BLE001 - whatever a user's model does with shapes alone, in one line
+            raise ConfigError(f"--readiness flops runs {cfg.model}'s forward on the meta device (shapes only) to "
+                              f"count its multiply-adds, and it failed ({type(e).__name__}: {str(e)[:80]}); use "
+                              f"--readiness bytes") from None
         finally:
             for h in hooks:
                 h.remove()

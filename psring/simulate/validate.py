@@ -8,11 +8,13 @@ chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated 
 an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
 cores).
 
-Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: ``cpu_util`` < 0.9), and the CPU
-it measured per step would fit in the machine's cores at its replayed step (``cpu_at_replay`` = ``cpu_util`` x
-measured step / replayed step < ``CPU_FITS``, the share ``bounds.cpu_at_bound`` reads at a run's bound): a run
-whose own CPU needs more than the cores during the step the links would allow is decided by the CPU, whatever
-its mean utilisation says (a codec's encode and decode at a few ranks at a time, sleeps between).
+Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: the larger of ``cpu_util`` and
+``cpu_util_sync`` below 0.9), and the CPU it measured per step would fit in the machine's cores at its replayed
+step (``cpu_at_replay`` = ``cpu_util`` x measured step / replayed step < ``CPU_FITS``, the share
+``bounds.cpu_at_bound`` reads at a run's bound): a run whose own CPU needs more than the cores during the step the
+links would allow is decided by the CPU, whatever its mean utilisation says (a codec's encode and decode at a few
+ranks at a time, sleeps between). The replayed step is this judgement's own denominator: a run the replay
+underestimates reads higher; ``results/simulate/README.md`` gives the count without it too.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError, TrainConfig
+from ..metrics.cpu import SATURATED
 from .run import check, overlapped, simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
@@ -31,7 +34,7 @@ FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "com
 COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap", "compress",
            "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "cpu_at_replay", "link_bound",
            "replayed"]
-CPU_FITS = 0.9  # as cpu_saturated's threshold: above it the cores, not the links, set the pace
+CPU_FITS = SATURATED  # as cpu_saturated's threshold: above it the cores, not the links, set the pace
 
 
 def runs_of(results: Path) -> list[tuple[str, Path, dict]]:

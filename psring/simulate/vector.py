@@ -1,6 +1,6 @@
-"""The flat ring (``allreduce``, ``ring``; one worker per host) replayed round by round for every rank at
-once, with numpy: the same rounds as ``programs.RingProgram`` on ``network.Network``, for thousands of
-workers.
+"""The flat ring (``allreduce``, ``ring``; one worker per host, or G with the sends inside a host free) replayed
+round by round for every rank at once, with numpy: the same rounds as ``programs.RingProgram`` on
+``network.Network``, for thousands of workers.
 
 In a flat ring with one worker per host, rank r's uplink carries only r -> r+1 and rank r+1's downlink only
 the same transfers, one round after the other, so no link is ever shared and the flow model reduces to a
@@ -31,7 +31,7 @@ def sent_chunks(world: int) -> np.ndarray:
 
 
 class VectorRing:
-    """A flat ring of ``world`` ranks, one per host, on links of ``rate_Bps`` with tbf's ``burst_bytes``."""
+    """A flat ring of ``world`` ranks (G a host: ``per_host``) on links of ``rate_Bps`` with tbf's ``burst_bytes``."""
 
     def __init__(self, world: int, bucket_numels: list[int], itemsize: int, rate_Bps: float, alpha_s: float,
                  burst_bytes: float = 0.0, peak_Bps: float = PEAK_BPS, per_host: int = 1,
@@ -58,13 +58,19 @@ class VectorRing:
         """When each rank holds the sum of every bucket, given when each began (backward ended); and the
         bytes each rank sent."""
         start = np.asarray(start, dtype=np.float64)
+        if not self.rounds:  # a ring of one, or of ranks on one host: nothing crosses, nothing to wait for
+            return start.copy(), np.zeros(self.n)
         return self.units(np.broadcast_to(start, (len(self.rounds), self.n)))
 
     def units(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every bucket reduced one after another in index order, each entered by a rank once it is
         ``ready[bucket, rank]`` there and the rank is done with the one before (``--overlap backward``:
-        ``overlapped.UnitRing`` in ready order); when each rank holds the last sum, and what it sent."""
-        inside = np.asarray(ready[0], dtype=np.float64).copy() if len(ready) else np.zeros(self.n)
+        ``overlapped.UnitRing`` in ready order); when each rank holds the last sum, and what it sent.
+        Without rounds (a ring of one) each rank is done when its last bucket is ready."""
+        ready = np.asarray(ready, dtype=np.float64)
+        if not self.rounds:
+            return ready.max(axis=0) if len(ready) else np.zeros(self.n), np.zeros(self.n)
+        inside = ready[0].copy()
         sent = np.zeros(self.n)
         for u, at in enumerate(ready):
             inside = self.reduce(u, np.maximum(inside, at))
@@ -110,4 +116,11 @@ class VectorHierarchy:
 
     def step(self, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         end, sent = self.ring.step(np.asarray(start, dtype=np.float64).reshape(self.hosts, self.g).max(axis=1))
+        return np.repeat(end, self.g), np.repeat(sent / self.g, self.g)
+
+    def units(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``--overlap backward``: a host enters a unit once its last rank has it (``VectorRing.units`` over the
+        hosts); its G ranks hold the sum together, each having sent 1/G of the host's bytes."""
+        ready = np.asarray(ready, dtype=np.float64)
+        end, sent = self.ring.units(ready.reshape(len(ready), self.hosts, self.g).max(axis=2))
         return np.repeat(end, self.g), np.repeat(sent / self.g, self.g)

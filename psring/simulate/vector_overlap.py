@@ -28,7 +28,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     from .plans import layout_of
     from .profile import param_weights
     from .run import burst_bytes
-    from .vector import VectorRing
+    from .vector import VectorHierarchy, VectorRing
 
     model = strategies.attr(cfg.sync, "cost_model")
     if cfg.overlap not in ("backward", "full") or cfg.workers < 2 or not strategies.attr(cfg.sync, "reducer") \
@@ -44,20 +44,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     ring = VectorRing(hosts, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, rate, alpha_s,
                       burst_bytes(cfg.link_burst), per_host=1 if hosts < cfg.workers else cfg.per_host)
     plan = Plan(layout, ranges, param_weights(cfg, readiness))
-    return (HostRing(ring, cfg.per_host) if hosts < cfg.workers else ring), plan
-
-
-class HostRing:
-    """``hierarchical``'s units on one ring over the hosts: a host enters a unit once its last rank has it;
-    its G ranks hold the sum together, each having sent 1/G of the host's bytes (``VectorHierarchy``'s)."""
-
-    def __init__(self, ring, per_host: int):
-        self.ring, self.g = ring, per_host
-
-    def units(self, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        u, n = ready.shape
-        end, sent = self.ring.units(ready.reshape(u, n // self.g, self.g).max(axis=2))
-        return np.repeat(end, self.g), np.repeat(sent / self.g, self.g)
+    return (VectorHierarchy(hosts, cfg.per_host, ring) if hosts < cfg.workers else ring), plan
 
 
 def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:

@@ -43,7 +43,7 @@ def train(cfg: TrainConfig) -> None:
     sync = make_synchronizer(cfg)
     clean = False
     try:
-        run_steps(cfg, sync, rank, world, out)  # the model (and a DDP wrapper) is freed when this returns
+        run_steps(cfg, sync, rank, world, out, freeze=True)  # the model (and a DDP wrapper) freed on return
         clean = True
     finally:
         sync.close()
@@ -57,12 +57,11 @@ def worker_batches(cfg: TrainConfig, rank: int, world: int) -> ShardedBatches:
     return ShardedBatches(data, rank, world, cfg.batch_size, cfg.seed, cfg.augment, cfg.partition, cfg.input_size)
 
 
-def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
+def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path, freeze: bool = False) -> None:
     batches = worker_batches(cfg, rank, world)
     model, start = attach_model(cfg, sync, out)
     buffers = make_buffer_sync(model, sync, cfg.resolved_buffers, cfg.timeout_s)
-    emulated_ms = parse_compute(cfg.compute)
-    emu = EmulatedCompute(model, emulated_ms, cfg.seed + rank) if emulated_ms else None
+    emu = EmulatedCompute(model, ms, cfg.seed + rank) if (ms := parse_compute(cfg.compute)) else None
     test = None  # the held-out split, loaded at the first epoch end
     slow = cfg.straggler_factor(rank)
     clock = PhaseClock(sync.device)
@@ -70,7 +69,8 @@ def run_steps(cfg: TrainConfig, sync, rank: int, world: int, out: Path) -> None:
     wire = WireCounter()
     gate = sync.wait_params if sync.full else None  # --overlap full: emulated layers wait for their parameters
     pending = None  # --overlap full: the last step's record, until its communication is drained
-    freeze_setup_objects()  # the model, synchronizer and imports: no collection walks them again
+    if freeze:  # a worker process (train): the model, synchronizer and imports out of the collector's reach
+        freeze_setup_objects()
     with StepLog(out / "ranks" / f"rank{rank}.jsonl") as log:
         for step in range(start, cfg.steps):
             t0 = clock.now()
