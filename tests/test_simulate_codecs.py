@@ -49,7 +49,7 @@ def test_what_is_not_replayed_is_refused_in_one_line():
 @pytest.mark.parametrize("spec", ["topk:0.01", "randomk:0.05", "onebit"])
 def test_all_gathered_codecs_send_n_minus_1_encodings_and_both_replays_agree(tmp_path, sync, spec):
     """``sync/compressed.py``: every rank's encoding all-gathered, part by part (``wire_bytes``: (N - 1) of them);
-    the numpy replay (``codec_bytes.codec_vector``) equals the flow network's."""
+    the numpy replay (``run.vector_of``: the ring in ``codec_bytes.gathered_rounds``) equals the flow network's."""
     from psring.compress.codecs import parse
     from psring.simulate.plans import bucket_numels, layout_of
 

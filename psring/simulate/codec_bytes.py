@@ -40,22 +40,3 @@ def ps_reply_bytes(codec, numel: int, itemsize: int, workers: int, design: str) 
         return 8 * sparse_union(numel, codec.k(numel), workers)  # int32 index + float32 value each
     return numel * itemsize  # 1-bit: N sign vectors do not sum to signs
 
-
-def codec_vector(cfg, layout, bucket_numels: list[int], rate_Bps: float, alpha_s: float, burst_bytes: float):
-    """The numpy replay of a reduce-family run with a codec: its encodings all-gathered over every rank (G a
-    host: sends inside a host free), or, for fp16/bf16, the flat ring's reductions in the codec's bytes; None
-    (hierarchical with a dense codec, the PS: the flow network)."""
-    from .. import costmodel as cm
-    from .. import strategies
-    from ..compress.codecs import parse
-    from .vector import VectorRing
-
-    codec, model = parse(cfg.compress, cfg.error_feedback), strategies.attr(cfg.sync, "cost_model")
-    if strategies.uses_servers(cfg.sync) or model not in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL) \
-            or codec.dense and model != cm.RING_MODEL:
-        return None
-    if codec.dense:  # the shadow bucket in the codec's dtype, reduced as it is (sync/compressed.py)
-        return VectorRing(cfg.workers, bucket_numels, codec.wire_bytes(1), rate_Bps, alpha_s, burst_bytes,
-                          per_host=cfg.per_host)
-    return VectorRing(cfg.workers, [], layout[0].dtype.itemsize, rate_Bps, alpha_s, burst_bytes,
-                      per_host=cfg.per_host, gathered=gathered_rounds(codec, bucket_numels, cfg.workers))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import costmodel as cm
 from ..sync.ring import chunk_sizes, schedule
 from ..sync.schedule import CREDITS
 
@@ -29,10 +28,11 @@ def partition_bytes(cfg, m_bytes: int, alpha_s: float) -> int:
     """``--bucket-mb``, else the partition ``link_probe.reduce_partition_bytes`` cuts for a probe of this
     link: its TCP goodput and, as a call's fixed cost, the ring's 2(N-1) alphas (the replay's own)."""
     from ..sync.link_probe import MIN_FIXED_S, LinkProbe, reduce_partition_bytes
+    from .plans import link_Bps
 
     if cfg.bucket_mb:
         return int(cfg.bucket_mb * 2**20)
-    rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+    rate = link_Bps(cfg.link_rate)
     fixed = max(MIN_FIXED_S, 2 * (cfg.workers - 1) * alpha_s)
     return reduce_partition_bytes(m_bytes, cfg.workers, LinkProbe(rate, fixed))
 

@@ -7,6 +7,13 @@ from .. import costmodel as cm
 from ..config import TrainConfig
 
 
+def link_Bps(rate: str) -> float:
+    """A link's payload rate, bytes/s: ``--link-rate`` at TCP's payload share (``costmodel.TCP_GOODPUT``)."""
+    from .. import costmodel as cm
+
+    return cm.Link.from_rate(rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
+
+
 def layout_of(cfg: TrainConfig):
     """The model's flat gradient layout (``buckets.flat_layout``), built on the meta device."""
     import torch

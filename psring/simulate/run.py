@@ -28,7 +28,7 @@ from ..config import ConfigError, TrainConfig
 from ..fileio import write_atomic
 from ..metrics.summary import finalize_run
 from .network import Network
-from .plans import bucket_numels, layout_of, ps_plan
+from .plans import bucket_numels, layout_of, link_Bps, ps_plan
 from .programs import PSProgram, RingProgram
 
 NO_JITTER = "none"
@@ -112,8 +112,7 @@ def cluster(cfg: TrainConfig, alpha_s: float) -> tuple[Network, list[int], list[
 
     hosts = cfg.workers // cfg.per_host
     servers = cfg.servers if strategies.uses_servers(cfg.sync) else 0
-    w = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
-    srv = cm.Link.from_rate(cfg.server_link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps if cfg.server_link_rate else w
+    w, srv = link_Bps(cfg.link_rate), link_Bps(cfg.server_link_rate or cfg.link_rate)
     server_hosts = [server_host(cfg, s) for s in range(servers)]
     dedicated = max(server_hosts, default=hosts - 1) + 1 - hosts
     net = Network([w] * hosts + [srv] * dedicated, alpha_s, burst_bytes=burst_bytes(cfg.link_burst))
@@ -208,38 +207,43 @@ def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: floa
 
 
 def vector_of(cfg: TrainConfig, alpha_s: float):
-    """The numpy replay of this run, where one exists: the flat ring with one worker per host
-    (``vector.VectorRing``, exact), hierarchical (``vector.VectorHierarchy``: its rings as one over the hosts),
-    the PS with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a
-    fluid), a codec's ring (``codec_bytes.codec_vector``); else None (the flow network)."""
+    """The numpy replay of this run, where one exists: the flat ring, one worker a host or G with the sends
+    inside a host free (``vector.VectorRing``, exact), in a codec's bytes too (fp16/bf16 reduced in 2 bytes, the
+    sparse and 1-bit encodings all-gathered over every rank, hierarchical's as well: ``codec_bytes``);
+    hierarchical without a codec (``vector.VectorHierarchy``: its rings as one over the hosts); the PS without a
+    codec, with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a fluid);
+    else None (the flow network)."""
+    from ..compress.codecs import parse
     from ..topology import colocated_servers
+    from .codec_bytes import gathered_rounds
 
-    if cfg.compress != NONE:  # the reduce family's codecs on the ring (codec_bytes); the PS's on the flow network
-        from .codec_bytes import codec_vector
-
-        layout = layout_of(cfg)
-        return codec_vector(cfg, layout, bucket_numels(cfg, layout),
-                               cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps, alpha_s,
-                               burst_bytes(cfg.link_burst))
     model, hosts = strategies.attr(cfg.sync, "cost_model"), cfg.workers // cfg.per_host
-    ring_like = model == cm.HIERARCHICAL_MODEL or (model == cm.RING_MODEL and cfg.per_host == 1)
+    codec = None if cfg.compress == NONE else parse(cfg.compress, cfg.error_feedback)
+    gathered = codec is not None and not codec.dense and model in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL)
     dedicated = colocated_servers(cfg.ps_placement, hosts, cfg.servers) == 0
-    if not ring_like and not (strategies.uses_servers(cfg.sync) and cfg.per_host == 1 and dedicated
-                              and burst_bytes(cfg.link_burst) == 0 and cfg.consistency == "bsp"):
+    fluid = strategies.uses_servers(cfg.sync) and codec is None and cfg.per_host == 1 and dedicated \
+        and burst_bytes(cfg.link_burst) == 0 and cfg.consistency == "bsp"
+    if not (gathered or model == cm.RING_MODEL or model == cm.HIERARCHICAL_MODEL and codec is None or fluid):
         return None
-    layout = layout_of(cfg)
-    rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
-    if ring_like:
+    layout, rate, burst = layout_of(cfg), link_Bps(cfg.link_rate), burst_bytes(cfg.link_burst)
+    if gathered or model == cm.RING_MODEL:
+        from .vector import VectorRing
+
+        numels, itemsize = bucket_numels(cfg, layout), layout[0].dtype.itemsize
+        if gathered:
+            return VectorRing(cfg.workers, [], itemsize, rate, alpha_s, burst, per_host=cfg.per_host,
+                              gathered=gathered_rounds(codec, numels, cfg.workers))
+        itemsize = codec.wire_bytes(1) if codec is not None else itemsize  # fp16/bf16: the shadow bucket
+        return VectorRing(cfg.workers, numels, itemsize, rate, alpha_s, burst, per_host=cfg.per_host)
+    if model == cm.HIERARCHICAL_MODEL:
         from .vector import VectorHierarchy, VectorRing
 
-        ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s,
-                          burst_bytes(cfg.link_burst))
-        return ring if model == cm.RING_MODEL else VectorHierarchy(hosts, cfg.per_host, ring)
+        ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s, burst)
+        return VectorHierarchy(hosts, cfg.per_host, ring)
     from .vector_ps import VectorPS
 
     chunks, window = ps_plan(cfg, layout)
-    srv = cm.Link.from_rate(cfg.server_link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps if cfg.server_link_rate else rate
-    return VectorPS(cfg.workers, chunks, window, rate, srv, alpha_s)
+    return VectorPS(cfg.workers, chunks, window, rate, link_Bps(cfg.server_link_rate or cfg.link_rate), alpha_s)
 
 
 def vector_records(cfg: TrainConfig, compute: np.ndarray, replay) -> list[list[dict]]:

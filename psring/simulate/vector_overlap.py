@@ -21,11 +21,12 @@ from .. import strategies
 
 
 def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness: str = "bytes"):
-    """``(ring, plan)`` for a run this replays (``--overlap backward``, the flat ring's strategies), else None.
+    """``(ring, plan)`` for a run this replays (the flat ring's ``--overlap backward`` or ``full``, G a host;
+    hierarchical's ``backward``: a ``VectorHierarchy`` over the hosts), else None.
     ``tuned``: the partition a run being replayed cut (``partition_bytes``), else the one its probe would;
     ``readiness``: when backward makes each gradient (``profile``)."""
     from .overlapped import Plan, partition_bytes, unit_ranges
-    from .plans import layout_of
+    from .plans import layout_of, link_Bps
     from .profile import param_weights
     from .run import burst_bytes
     from .vector import VectorHierarchy, VectorRing
@@ -40,9 +41,8 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
     cap = int((tuned or {}).get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))
     ranges = unit_ranges(cfg, layout, cap)
-    rate = cm.Link.from_rate(cfg.link_rate, 0.0, cm.TCP_GOODPUT).bandwidth_Bps
-    ring = VectorRing(hosts, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, rate, alpha_s,
-                      burst_bytes(cfg.link_burst), per_host=1 if hosts < cfg.workers else cfg.per_host)
+    ring = VectorRing(hosts, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, link_Bps(cfg.link_rate),
+                      alpha_s, burst_bytes(cfg.link_burst), per_host=1 if hosts < cfg.workers else cfg.per_host)
     plan = Plan(layout, ranges, param_weights(cfg, readiness))
     return (VectorHierarchy(hosts, cfg.per_host, ring) if hosts < cfg.workers else ring), plan
 
