@@ -196,3 +196,26 @@ def test_overlap_rate_ladder_claims():
     # three quarters of the cores at its bound
     mid = at(df, sync="ps", link_rate="500mbit", overlap="full").iloc[0]
     assert 1.10 < mid["step_over_bound"] < 1.13 and mid["cpu_at_bound"] < 0.8 and mid["chunk_bytes"] < 210_000
+
+
+def test_overlap_floor_claims():
+    """results/overlap_floor's README: at the PS's N = 4, 1 Gbit point raw echo floors of psring's schedule run at
+    their bound, BSP floors are best at 256 KB (within 1.10x in both modes) and above 1.10x at psring's chunk,
+    and psring is above its BSP floor at the same chunk in every repeat; summary.json is this table's."""
+    import json
+
+    folder = RESULTS / "overlap_floor"
+    df = pd.read_csv(folder / "overlap_floor.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert set(df["mode"]) == {"backward", "full"} and df.groupby(["mode", "kind", "chunk_bytes"]).size().eq(3).all()
+    for mode, g in df.groupby("mode"):
+        own = int(g.loc[g["kind"] == "psring", "chunk_bytes"].iloc[0])
+        med = g.groupby(["kind", "chunk_bytes"])["over"].median()
+        assert med[("echo", own)] < 1.03 and med[("bsp", 256 * 1024)] < 1.10 < med[("bsp", own)], (mode, med)
+        assert med[("bsp", 256 * 1024)] == med.loc["bsp"].min()
+        pairs = g[g["chunk_bytes"] == own].pivot(index="repeat", columns="kind", values="step_s_p50")
+        assert (pairs["psring"] > pairs["bsp"]).all() and (pairs["bsp"] > pairs["echo"]).all()
+        s = summary[mode]
+        assert abs(s["psring_over_bound"] - med[("psring", own)]) < 1e-9
+        assert abs(s["psring_over_bsp"] - (pairs["psring"] / pairs["bsp"]).median()) < 1e-9
+        assert s["bsp_best_chunk_bytes"] == 256 * 1024

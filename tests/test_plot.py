@@ -55,6 +55,7 @@ EXPECTED = {
     "published_horovod": {"published"},  # and nothing else: its replay beside the published result alone
     "scale_codecs": {"scale_codecs"},  # and nothing the codec sweeps of one machine draw (compression)
     "scale_overlap_ring": {"scale_overlap"},
+    "overlap_floor": {"overlap_floor"},  # psring beside raw floors of its schedule (benchmarks/overlap_floor.py)
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }

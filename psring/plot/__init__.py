@@ -20,6 +20,8 @@ What is drawn depends on what the folder holds:
   (``experiments/scale_codecs.toml``) -> ``scale_codecs`` alone (``plot/scale_codecs.py``); a replay beside
   the published result in the folder's ``published.csv`` (``experiments/published_horovod.toml``) ->
   ``published`` alone (``plot/published.py``);
+* ``overlap_floor.csv`` (``benchmarks/overlap_floor.py``) -> ``overlap_floor`` (psring's overlapped PS step beside
+  raw floors of the same schedule, each over its bound; ``plot/overlap_floor.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -74,6 +76,7 @@ from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
+from .overlap_floor import figure_overlap_floor, load_overlap_floor
 from .published import figure_published, load_published
 from .scale_codecs import figure_scale_codecs, has_scale_codecs
 from .scale_overlap import figure_scale_overlap, has_scale_overlap
@@ -196,6 +199,10 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     elif runs is not None and not runs.empty:
         written += _table_figures(runs, link, note, out, formats)
 
+    floor = load_overlap_floor(folder)  # benchmarks/overlap_floor.py: psring beside raw floors (results/overlap_floor)
+    if floor is not None:
+        written += save(figure_overlap_floor(floor), out, "overlap_floor", formats)
+
     validation = load_validation(folder)  # psring simulate against the committed runs (results/simulate)
     if validation is not None:
         written += save(figure_validation(validation), out, "validation", formats)
@@ -229,7 +236,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_links(d), out, _stem("links", folder, d), formats)
 
     if not written:
-        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv or run folders "
+        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv, overlap_floor.csv or run folders "
                          "(steps.jsonl)")
     return written
 

@@ -28,6 +28,18 @@ CONFIG_HINTS = {"model", "dataset", "num_samples", "batch_size", "steps", "augme
 HOLLOW_NOTE = "hollow: CPU-saturated (≥ 90% of all cores)"
 
 
+def load_csv(folder: Path, name: str, columns: tuple[str, ...]) -> pd.DataFrame | None:
+    """``folder/name``, or None where it is absent; a file without ``columns`` is a one-line ValueError."""
+    path = Path(folder) / name
+    if not path.exists():
+        return None
+    df = pd.read_csv(path)
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (needs {', '.join(columns)})")
+    return df
+
+
 def new_figure(width: float, height: float, ncols: int = 1, nrows: int = 1, **kw):
     """A ``Figure`` with its own Agg canvas: nothing touches pyplot's global state or backend."""
     fig = Figure(figsize=(width, height), layout="constrained")

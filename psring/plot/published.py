@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .common import efficiency_axes, new_figure
+from .common import efficiency_axes, load_csv, new_figure
 
 COLUMNS = ("model", "gpus", "efficiency", "source")
 READINESS_COLOR = {"bytes": "tab:gray", "flops": "tab:blue"}
@@ -19,14 +19,7 @@ ALPHA_STYLE = ("--", "-.", "-")  # smallest alpha dashed ... largest solid
 
 def load_published(folder: Path) -> pd.DataFrame | None:
     """``folder/published.csv``, or None; a file without its columns is a one-line ValueError."""
-    path = Path(folder) / "published.csv"
-    if not path.exists():
-        return None
-    df = pd.read_csv(path)
-    missing = [c for c in COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (needs {', '.join(COLUMNS)})")
-    return df
+    return load_csv(folder, "published.csv", COLUMNS)
 
 
 def model_name(model: str) -> str:

@@ -1,0 +1,99 @@
+"""The overlap floor's raw pieces (``psring.bench.paced`` workers against ``psring.bench.echo`` servers), on
+loopback: its BSP servers sum every worker's push of a chunk and update once, its workers keep the schedule's
+compute time and never deadlock under credits, and a reply lands in the parameters."""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from psring.bench.paced import PacedWorker
+from psring.config import OptimConfig
+from psring.launch.children import Children
+from psring.launch.launcher import start_listeners
+
+SIZES = [4000, 12_000, 2000, 6000]  # bytes of four "tensors", in forward order
+
+
+@pytest.fixture
+def servers(tmp_path):
+    """Two echo servers of the given kind (``--bsp 2`` or a plain echo with its update); their addresses."""
+    kids = Children()
+
+    def start(bsp: int) -> list[str]:
+        specs = [(f"echo {i}", [sys.executable, "-m", "psring.bench.echo", "--port-file", str(tmp_path / f"e{i}"),
+                                "--update-bytes", str(sum(SIZES)), "--bsp", str(bsp), "--idle-timeout", "60"],
+                  tmp_path / f"e{i}", tmp_path / f"e{i}.log") for i in range(2)]
+        return start_listeners(kids, specs)
+
+    yield start
+    kids.stop_all()
+
+
+def run_workers(addrs: list[str], n: int, mode: str, steps: int, forward_s: float, backward_s: float,
+                credits: int, keyed: bool, ones: bool = False) -> list[tuple[PacedWorker, list[float]]]:
+    """``n`` paced workers in threads, started together; each with its steps' start times."""
+    import time
+
+    workers = [PacedWorker(addrs, SIZES, 4096, credits, forward_s, backward_s, mode, keyed) for _ in range(n)]
+    if ones:
+        for w in workers:
+            w.grads[:] = np.ones(sum(SIZES) // 4, dtype=np.float32).view(np.uint8)
+    out: list = [None] * n
+    start_at = time.time() + 0.2
+
+    def go(i: int) -> None:
+        out[i] = workers[i].run(steps, start_at)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert all(o is not None for o in out), "a paced worker did not finish"
+    finally:
+        for w in workers:
+            w.close()
+    return list(zip(workers, out))
+
+
+def test_bsp_servers_sum_every_push_and_update_once(servers):
+    """Two workers push gradients of 1.0; a BSP server answers with one momentum-SGD update of their sum:
+    parameters 0 - lr * (1 + 1) after one step, whichever chunk and server."""
+    done = run_workers(servers(2), 2, "backward", 1, 0.0, 0.0, credits=1, keyed=True, ones=True)
+    want = -OptimConfig().lr * 2
+    for w, starts in done:
+        got = w.params.view(np.float32)
+        assert np.allclose(got, want), (got.min(), got.max(), want)
+        assert len(starts) == 2
+
+
+@pytest.mark.parametrize("mode", ["backward", "full"])
+def test_paced_steps_keep_their_compute_and_finish_under_credits(servers, mode):
+    """With one credit and keyed BSP servers nothing deadlocks (credits come back with acks), and a step
+    takes at least its compute: forward + backward (``full`` overlaps only communication)."""
+    forward_s, backward_s = 0.02, 0.04
+    done = run_workers(servers(2), 2, mode, 5, forward_s, backward_s, credits=1, keyed=True)
+    for w, starts in done:
+        steps = np.diff(starts[:-1])
+        assert len(steps) == 4 and all(steps >= 0.99 * (forward_s + backward_s)), steps
+        assert all(w.answered)
+
+
+def test_echo_floor_without_bsp_answers_each_push(servers):
+    """Plain echo servers with their update answer in send order, per worker (no keys on the wire)."""
+    done = run_workers(servers(0), 1, "none", 3, 0.0, 0.0, credits=0, keyed=False)
+    (w, starts), = done
+    assert len(starts) == 4 and all(w.answered) and w.waiting == 0
+
+
+def test_overlap_floor_table_without_its_columns_is_one_line_error(tmp_path):
+    from psring.plot.overlap_floor import load_overlap_floor
+
+    assert load_overlap_floor(tmp_path) is None
+    (tmp_path / "overlap_floor.csv").write_text("kind,mode\npsring,full\n")
+    with pytest.raises(ValueError, match="missing column"):
+        load_overlap_floor(tmp_path)
