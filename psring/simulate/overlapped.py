@@ -271,7 +271,7 @@ class OverlapReplay:
     def _step_done(self, r: int) -> None:
         """Worker r's step is over (``backward``: its units are back; ``full``: backward ended): its record
         (``full``: the gates' waits as sync), and its next step."""
-        from .run import record
+        from .records import record
 
         s, now = self.step[r], self.net.now
         compute_end = self.began[r] + float(self.compute[s, r]) if self.full else self.backward_end[r]

@@ -30,6 +30,7 @@ from ..metrics.summary import finalize_run
 from .network import Network
 from .plans import bucket_numels, layout_of, link_Bps, ps_plan
 from .programs import PSProgram, RingProgram
+from .records import record, vector_records
 
 NO_JITTER = "none"
 DEFAULT_ALPHA_US = 205.0  # one emulated 1 Gbit link's alpha, as results/bandwidth/calibration.json measured it
@@ -194,18 +195,6 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     return write_run(cfg, out, records, extra)
 
 
-def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float,
-           recv: float | None = None) -> dict:
-    """One worker's step, with the trainer's columns (``recv``: where it differs from ``sent``)."""
-    from ..train.emulation import FORWARD_SHARE
-
-    c = backward_end - began
-    return {"rank": r, "step": step, "loss": None, "step_s": now - began, "data_s": 0.0,
-            "forward_s": c * FORWARD_SHARE, "backward_s": c * (1 - FORWARD_SHARE), "sync_s": now - backward_end,
-            "update_s": 0.0, "bytes_sent": sent, "bytes_recv": sent if recv is None else recv, "samples": cfg.batch_size, "time": now,
-            "epoch": 0, "test_acc": None}
-
-
 def vector_of(cfg: TrainConfig, alpha_s: float):
     """The numpy replay of this run, where one exists: the flat ring, one worker a host or G with the sends
     inside a host free (``vector.VectorRing``, exact), in a codec's bytes too (fp16/bf16 reduced in 2 bytes, the
@@ -244,20 +233,6 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
 
     chunks, window = ps_plan(cfg, layout)
     return VectorPS(cfg.workers, chunks, window, rate, link_Bps(cfg.server_link_rate or cfg.link_rate), alpha_s)
-
-
-def vector_records(cfg: TrainConfig, compute: np.ndarray, replay) -> list[list[dict]]:
-    """Every step of every worker on a numpy replay (``step(start) -> (end, sent)``, per rank or common)."""
-    records: list[list[dict]] = [[] for _ in range(cfg.workers)]
-    t = np.zeros(cfg.workers)
-    for step in range(cfg.steps):
-        start = t + compute[step]
-        end, sent = replay.step(start)
-        end, sent = np.broadcast_to(end, start.shape), np.broadcast_to(sent, start.shape)
-        for r in range(cfg.workers):
-            records[r].append(record(cfg, r, step, t[r], start[r], end[r], sent[r]))
-        t = np.array(end, dtype=np.float64)
-    return records
 
 
 class Replay:

@@ -23,7 +23,7 @@ from ..sync.schedule import CREDITS
 def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
     """Every step of every worker, as ``OverlapReplay`` records them under ``full`` (sync: the gates' waits)."""
     from ..train.emulation import FORWARD_SHARE
-    from .run import record
+    from .records import add_step
 
     n, units = cfg.workers, len(plan.numels)
     consensus = 2 * (n - 1) * alpha_s
@@ -43,8 +43,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
             for share, cover in zip(plan.shares, plan.covering):
                 start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
         ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
-        for r in range(n):
-            records[r].append(record(cfg, r, s, began[r], began[r] + c[r], start[r] + backward_s[r], sent[r]))
+        add_step(records, cfg, s, began, began + c, start + backward_s, sent)
         everywhere = ready.max(axis=1)
         left = set(range(units))
         while left:

@@ -52,7 +52,7 @@ def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
     soon as the ring gets to it; the records as ``OverlapReplay``'s (sync: from backward's end to the last
     unit back)."""
     from ..train.emulation import FORWARD_SHARE
-    from .run import record
+    from .records import add_step
 
     share = np.asarray(plan.ready, dtype=np.float64)[:, None]
     records: list[list[dict]] = [[] for _ in range(cfg.workers)]
@@ -61,7 +61,6 @@ def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
         c = np.asarray(compute[step], dtype=np.float64)
         begin = t + c * FORWARD_SHARE  # backward starts
         end, sent = ring.units(begin[None, :] + c[None, :] * (1 - FORWARD_SHARE) * share)
-        for r in range(cfg.workers):
-            records[r].append(record(cfg, r, step, t[r], t[r] + c[r], end[r], sent[r]))
+        add_step(records, cfg, step, t, t + c, end, sent)
         t = end
     return records
