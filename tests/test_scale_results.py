@@ -107,24 +107,49 @@ def test_where_the_ps_leads_by_less_than_the_fluid_flatters_it(raw):
 
 
 def test_bsp_ssp_asp_at_scale_claims():
-    """results/scale_consistency's README: ASP and SSP (k = 2) lead BSP by 1.6-1.7x with 5% jitter (the workers'
-    drift overlaps one's communication with others' compute) and by up to 2.3x with 20%; SSP within 1% of ASP but
-    at N = 64, 20%; BSP loses with N and spread, ASP gains."""
-    raw = pd.read_csv(FOLDER.parent / "scale_consistency" / "runs.csv")
-    assert len(raw) == 25 and (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all()
+    """results/scale_consistency's README: N = 8-1,024; ASP leads BSP by 1.4-1.5x with 5% jitter on the same fluid
+    (the workers' drift overlaps one's communication with others' compute) and by up to 2.3x with 20% (2.8x
+    against VectorPS's BSP), growing with N; SSP slightly ahead of ASP with 5%, behind it from 64 workers with 20%;
+    BSP loses with N and spread, ASP gains; bsp_drifting.csv is BSP on the fluid SSP and ASP run on."""
+    folder = FOLDER.parent / "scale_consistency"
+    raw = pd.read_csv(folder / "runs.csv")
+    assert len(raw) == 49 and (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all()
     one = raw.loc[raw["sync"] == "none", "worker_samples_per_s"].iloc[0]
     ps = raw[raw["sync"] == "ps"].assign(eff=lambda d: d["worker_samples_per_s"] / (d["workers"] * one))
     eff = ps.pivot_table(index=["jitter", "workers"], columns="consistency", values="eff")
-    lead = eff["asp"] / eff["bsp"]
-    assert lead.loc["lognormal:0.05"].between(1.55, 1.75).all() and lead.loc["lognormal:0.2"].max() > 2.2
-    assert lead.loc["lognormal:0.2"].is_monotonic_increasing
-    close = (eff["ssp"] / eff["asp"] - 1).abs()
-    assert (close.drop(("lognormal:0.2", 64)) < 0.01).all() and close.loc[("lognormal:0.2", 64)] > 0.02
-    assert eff.loc[("lognormal:0.2", 64), "bsp"] < eff.loc[("lognormal:0.2", 8), "bsp"]
-    assert eff.loc[("lognormal:0.2", 64), "asp"] > eff.loc[("lognormal:0.2", 8), "asp"]
+    drift = pd.read_csv(folder / "bsp_drifting.csv").set_index(["jitter", "workers"])
+    assert (drift["vector_ps"] == ps[ps["consistency"] == "bsp"].set_index(["jitter", "workers"])
+            .loc[drift.index, "worker_samples_per_s"]).all()
+    eff["bsp_drifting"] = drift["async_fluid"] / (drift.index.get_level_values("workers") * one)
+    lead, lead_drift = eff["asp"] / eff["bsp"], eff["asp"] / eff["bsp_drifting"]
+    assert lead_drift.loc["lognormal:0.05"].between(1.38, 1.53).all()
+    assert lead.loc["lognormal:0.05"].between(1.4, 1.91).all()
+    assert lead_drift.loc["lognormal:0.2"].is_monotonic_increasing and lead.loc["lognormal:0.2"].is_monotonic_increasing
+    assert 2.3 < lead_drift.loc[("lognormal:0.2", 1024)] < 2.4 and 2.75 < lead.loc[("lognormal:0.2", 1024)] < 2.85
+    assert (eff["bsp_drifting"] >= eff["bsp"] * 0.99).all()  # VectorPS's BSP reads low (async_check.csv)
+    ahead = eff.loc["lognormal:0.05", "ssp"] / eff.loc["lognormal:0.05", "asp"]
+    assert ahead.between(1.0, 1.035).all()
+    behind = eff.loc["lognormal:0.2", "ssp"] / eff.loc["lognormal:0.2", "asp"]
+    assert (behind[behind.index >= 64] < 0.97).all()
+    assert eff.loc[("lognormal:0.2", 1024), "bsp"] < eff.loc[("lognormal:0.2", 8), "bsp"]
+    assert eff.loc[("lognormal:0.2", 1024), "asp"] > eff.loc[("lognormal:0.2", 8), "asp"]
     # under BSP both counts agree; under ASP samples_per_s takes each step's slowest worker
     bsp = ps[ps["consistency"] == "bsp"]
     assert ((bsp["worker_samples_per_s"] / bsp["samples_per_s"] - 1).abs() < 1e-9).all()
+
+
+def test_async_check_claims():
+    """results/simulate/async_check.csv: the drifting fluid within 0.97-1.03 of the flow replay for SSP and ASP at
+    N = 16 and 32 (0.90-0.97 at N = 8) and for BSP at every N; VectorPS's BSP 0.86-0.89 at S = N/4 from N = 16."""
+    df = pd.read_csv(FOLDER.parent / "simulate" / "async_check.csv")
+    assert len(df) == 18
+    wide = df[df["workers"] >= 16]
+    assert wide["async_ratio"].between(0.97, 1.03).all()
+    small = df[(df["workers"] == 8) & (df["consistency"] != "bsp")]
+    assert small["async_ratio"].between(0.89, 0.98).all()
+    bsp = df[df["consistency"] == "bsp"]
+    assert bsp["async_ratio"].between(0.98, 1.03).all()
+    assert bsp.loc[bsp["workers"] >= 16, "vector_ps_ratio"].between(0.85, 0.90).all()
 
 
 def test_scale_overlap_claims():

@@ -1,5 +1,6 @@
-"""The PS replayed under ASP and SSP (simulate/programs.py, ``PSProgram``): what ``sync.ps.consistency``
-promises a straggler's peers — ASP never waits, SSP waits only once a worker is k steps ahead."""
+"""The PS replayed under ASP and SSP, on the flow network (simulate/programs.py, ``PSProgram``: a tbf burst) and
+on the fluid of drifting workers (simulate/vector_async.py: none): what ``sync.ps.consistency`` promises a
+straggler's peers — ASP never waits, SSP waits only once a worker is k steps ahead."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,14 +34,24 @@ def _lead(steps: pd.DataFrame) -> int:
     return max(int((ends <= t).sum().max() - (ends <= t).sum().min()) for t in ends.to_numpy().ravel())
 
 
-def test_asp_and_ssp_replay_on_the_flow_network():
-    fluid = dict(link_burst="0kb")  # where the numpy fluid stands in for BSP's flow replay
-    assert vector_of(_cfg(consistency="asp", **fluid), 205e-6) is None and vector_of(_cfg(**fluid), 205e-6) is not None
+def test_asp_and_ssp_replay_on_the_drifting_fluid_where_bsp_has_its_own():
+    from psring.simulate.vector_async import AsyncPS
+    from psring.simulate.vector_ps import VectorPS
+
+    fluid = dict(link_burst="0kb")  # where the numpy fluids stand in for the flow replay
+    assert isinstance(vector_of(_cfg(consistency="asp", **fluid), 205e-6), AsyncPS)
+    assert isinstance(vector_of(_cfg(consistency="ssp", **fluid), 205e-6), AsyncPS)
+    assert isinstance(vector_of(_cfg(**fluid), 205e-6), VectorPS)
+    assert vector_of(_cfg(consistency="asp"), 205e-6) is None  # a tbf burst: the flow network
 
 
-def test_under_asp_no_worker_waits_for_the_straggler(tmp_path):
-    bsp, asp = _steps(tmp_path, "bsp"), _steps(tmp_path, "asp", consistency="asp")
-    even = _steps(tmp_path, "even", straggler=None)
+REPLAYS = pytest.mark.parametrize("burst", ["1mb", "0kb"], ids=["flows", "fluid"])
+
+
+@REPLAYS
+def test_under_asp_no_worker_waits_for_the_straggler(tmp_path, burst):
+    bsp, asp = _steps(tmp_path, "bsp", link_burst=burst), _steps(tmp_path, "asp", consistency="asp", link_burst=burst)
+    even = _steps(tmp_path, "even", straggler=None, link_burst=burst)
     fast = asp[asp["rank"] != 3].groupby("rank")["step_s"].median()
     # its peers step as if it were not there; under BSP all of them take the straggler's 4.5 s of compute
     assert fast.max() == pytest.approx(even["step_s"].median(), rel=0.05)
@@ -49,9 +60,10 @@ def test_under_asp_no_worker_waits_for_the_straggler(tmp_path):
     assert _lead(asp) > 3  # nothing holds the others back: they finish their 10 steps first
 
 
+@REPLAYS
 @pytest.mark.parametrize("k", [0, 2])
-def test_under_ssp_a_worker_runs_at_most_k_steps_ahead_then_waits(tmp_path, k):
-    steps = _steps(tmp_path, f"ssp{k}", consistency="ssp", staleness=k)
+def test_under_ssp_a_worker_runs_at_most_k_steps_ahead_then_waits(tmp_path, k, burst):
+    steps = _steps(tmp_path, f"ssp{k}", consistency="ssp", staleness=k, link_burst=burst)
     assert _lead(steps) <= k + 1  # a finished step t: the slowest had pushed step t - k (Ho et al.)
     fast = steps[steps["rank"] == 0].set_index("step")["step_s"]
     # past its k free steps a fast worker keeps the straggler's pace (4.5 s of compute + its communication)

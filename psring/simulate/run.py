@@ -172,7 +172,11 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
     if flows and overlapped(cfg) and strategies.attr(cfg.sync, "cost_model") == cm.HIERARCHICAL_MODEL:
         raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
-    if vector is not None:
+    if vector is not None and hasattr(vector, "run"):  # (``vector_async.AsyncPS``: SSP and ASP)
+        from .vector_async import async_records
+
+        records = async_records(cfg, compute, vector)
+    elif vector is not None:
         records = vector_records(cfg, compute, vector)
     elif unitwise is not None and cfg.overlap == "full":
         from .vector_full import full_records
@@ -200,8 +204,8 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     inside a host free (``vector.VectorRing``, exact), in a codec's bytes too (fp16/bf16 reduced in 2 bytes, the
     sparse and 1-bit encodings all-gathered over every rank, hierarchical's as well: ``codec_bytes``);
     hierarchical without a codec (``vector.VectorHierarchy``: its rings as one over the hosts); the PS without a
-    codec, with dedicated servers, one worker per host, no tbf burst and BSP (``vector_ps.VectorPS``, a fluid);
-    else None (the flow network)."""
+    codec, with dedicated servers, one worker per host and no tbf burst: BSP ``vector_ps.VectorPS``, SSP and ASP
+    ``vector_async.AsyncPS`` (fluids); else None (the flow network)."""
     from ..compress.codecs import parse
     from ..topology import colocated_servers
     from .codec_bytes import gathered_rounds
@@ -211,7 +215,7 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     gathered = codec is not None and not codec.dense and model in (cm.RING_MODEL, cm.HIERARCHICAL_MODEL)
     dedicated = colocated_servers(cfg.ps_placement, hosts, cfg.servers) == 0
     fluid = strategies.uses_servers(cfg.sync) and codec is None and cfg.per_host == 1 and dedicated \
-        and burst_bytes(cfg.link_burst) == 0 and cfg.consistency == "bsp"
+        and burst_bytes(cfg.link_burst) == 0
     if not (gathered or model == cm.RING_MODEL or model == cm.HIERARCHICAL_MODEL and codec is None or fluid):
         return None
     layout, rate, burst = layout_of(cfg), link_Bps(cfg.link_rate), burst_bytes(cfg.link_burst)
@@ -229,10 +233,15 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
 
         ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s, burst)
         return VectorHierarchy(hosts, cfg.per_host, ring)
+    chunks, window = ps_plan(cfg, layout)
+    server_rate = link_Bps(cfg.server_link_rate or cfg.link_rate)
+    if cfg.consistency != "bsp":  # workers drift apart: each its own point on the step's bytes
+        from .vector_async import AsyncPS
+
+        return AsyncPS(cfg.workers, chunks, window, rate, server_rate, alpha_s, cfg.consistency, cfg.staleness)
     from .vector_ps import VectorPS
 
-    chunks, window = ps_plan(cfg, layout)
-    return VectorPS(cfg.workers, chunks, window, rate, link_Bps(cfg.server_link_rate or cfg.link_rate), alpha_s)
+    return VectorPS(cfg.workers, chunks, window, rate, server_rate, alpha_s)
 
 
 class Replay:
