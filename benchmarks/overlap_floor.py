@@ -17,7 +17,7 @@ schedule and as many credits as psring's) against ``psring.bench.echo`` servers:
   of ``--floor-chunks-kb``.
 
 ``paced``'s docstring lists what the floors leave out. Writes OUT/overlap_floor.csv (one row per run: kind,
-mode, repeat, chunk, step p50 (each step the workers' mean), the bound of its mode, CPU utilisation over the
+mode, repeat, chunk, step p50 (each step its slowest worker's, as psring's summary has it), the bound of its mode, CPU utilisation over the
 timed steps) and OUT/summary.json: per mode the medians (and spreads) of psring's step and each floor's, over
 the bound and psring over the BSP floor pair by pair. A floor above 1.10x its bound puts the target out of
 this machine's reach for any PS doing that work; psring above its floor is psring's own cost. Run it alone on
@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -84,7 +85,8 @@ def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: 
     finally:
         kids.stop_all()
     starts = [json.loads((scratch / f"worker{r}.json").read_text()) for r in range(n)]
-    per_step = [statistics.mean(st[t + 1] - st[t] for st in starts) for t in range(warmup, steps)]
+    # each step its slowest worker's, as psring's own summary takes it (``metrics.summary``: a step's wall time)
+    per_step = [max(st[t + 1] - st[t] for st in starts) for t in range(warmup, steps)]
     t0, t1 = min(st[warmup] for st in starts), max(st[steps] for st in starts)
     near = lambda t: min(samples, key=lambda x: abs(x[0] - t))[1]  # noqa: E731
     return {"step_s_p50": statistics.median(per_step), "cpu_util": utilisation(near(t0), near(t1))}
@@ -146,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             r = psring_run(n, s, a.rate, a.model, a.compute_ms, mode, a.steps, a.warmup,
                            out / "runs" / f"psring_{mode}_{rep}")
             record("psring", mode, rep, int(r["chunk_bytes"]), r, bound_at(r["row"], nbytes, int(r["chunk_bytes"])))
-            for kind, chunk in [("echo", r["chunk_bytes"]), *(("bsp", c) for c in [r["chunk_bytes"], *ladder])]:
-                with tempfile.TemporaryDirectory(prefix="psring-floor-") as tmp:
-                    f = floor_run(n, s, a.rate, sizes, int(chunk), credits, compute_s, mode, a.steps, a.warmup,
-                                  Path(tmp), bsp=kind == "bsp")
-                record(kind, mode, rep, int(chunk), f, bound_at(r["row"], nbytes, int(chunk)))
+            own = int(r["chunk_bytes"])
+            for kind, chunk in [("echo", own), *(("bsp", c) for c in [own, *(c for c in ladder if c != own)])]:
+                scratch = Path(tempfile.mkdtemp(prefix="psring-floor-"))  # kept where a run fails: its logs
+                f = floor_run(n, s, a.rate, sizes, chunk, credits, compute_s, mode, a.steps, a.warmup, scratch,
+                              bsp=kind == "bsp")
+                shutil.rmtree(scratch)
+                record(kind, mode, rep, chunk, f, bound_at(r["row"], nbytes, chunk))
     df = pd.DataFrame(rows)
     df.to_csv(out / "overlap_floor.csv", index=False)
     summary = {"machine": platform.processor() or platform.machine(), "workers": n, "servers": s, "rate": a.rate,

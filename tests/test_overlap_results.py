@@ -199,9 +199,10 @@ def test_overlap_rate_ladder_claims():
 
 
 def test_overlap_floor_claims():
-    """results/overlap_floor's README: at the PS's N = 4, 1 Gbit point raw echo floors of psring's schedule run at
-    their bound, BSP floors are best at 256 KB (within 1.10x in both modes) and above 1.10x at psring's chunk,
-    and psring is above its BSP floor at the same chunk in every repeat; summary.json is this table's."""
+    """results/overlap_floor's README: at the PS's N = 4, 1 Gbit point raw echo floors of psring's schedule run
+    within 1.06x of their bound; BSP floors are best at 128-256 KB (within 1.10x in both modes) and above 1.10x at
+    psring's chunk; psring is above its BSP floor at the same chunk in every repeat, by 1.02-1.06x;
+    summary.json is this table's."""
     import json
 
     folder = RESULTS / "overlap_floor"
@@ -211,11 +212,12 @@ def test_overlap_floor_claims():
     for mode, g in df.groupby("mode"):
         own = int(g.loc[g["kind"] == "psring", "chunk_bytes"].iloc[0])
         med = g.groupby(["kind", "chunk_bytes"])["over"].median()
-        assert med[("echo", own)] < 1.03 and med[("bsp", 256 * 1024)] < 1.10 < med[("bsp", own)], (mode, med)
-        assert med[("bsp", 256 * 1024)] == med.loc["bsp"].min()
+        assert med[("echo", own)] < 1.06 and med.loc["bsp"].min() < 1.10 < med[("bsp", own)], (mode, med)
+        assert med.loc["bsp"].idxmin() in (128 * 1024, 256 * 1024) and med[("bsp", 1 << 20)] > med[("bsp", own)]
         pairs = g[g["chunk_bytes"] == own].pivot(index="repeat", columns="kind", values="step_s_p50")
         assert (pairs["psring"] > pairs["bsp"]).all() and (pairs["bsp"] > pairs["echo"]).all()
+        assert (pairs["psring"] / pairs["bsp"]).between(1.02, 1.07).all()
         s = summary[mode]
         assert abs(s["psring_over_bound"] - med[("psring", own)]) < 1e-9
         assert abs(s["psring_over_bsp"] - (pairs["psring"] / pairs["bsp"]).median()) < 1e-9
-        assert s["bsp_best_chunk_bytes"] == 256 * 1024
+        assert s["bsp_best_chunk_bytes"] == med.loc["bsp"].idxmin()

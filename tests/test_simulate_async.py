@@ -46,15 +46,16 @@ def test_within_five_percent_of_the_flow_replay_at_n16(consistency, tmp_path):
 
 def test_each_consistency_waits_as_it_should():
     """A straggler at 3x: under ASP the others never wait for it (steps as if it were absent); under SSP (k = 2)
-    they run at most k + 1 steps ahead of it; under BSP every step ends within a chunk's time on every worker."""
+    they run at most k + 1 steps ahead of it; under BSP every step ends within 10 ms on every worker (the last
+    replies, a few chunks at 25 Gbit/s, against 300 ms of the straggler's compute)."""
     runs = {c: fluid(cfg_of(8, c, straggler="0:3")) for c in ("bsp", "ssp", "asp")}
     _, _, asp_end = runs["asp"]
     _, _, alone_end = fluid(cfg_of(8, "asp"))
     assert asp_end[-1, 1:].max() <= alone_end[-1, 1:].max() * 1.01  # not paced by rank 0 at all
     assert asp_end[-1, 0] > 1.3 * asp_end[-1, 1:].max()  # which falls behind
     _, _, ssp_end = runs["ssp"]
-    for s in range(ssp_end.shape[0]):  # when a fast worker ends step s, the straggler has begun step s - k - 1
-        slow_done = int((ssp_end[:, 0] <= ssp_end[s, 1:].max()).sum())
+    for s in range(ssp_end.shape[0]):  # when any fast worker ends step s, the straggler has ended step s - k - 1
+        slow_done = int((ssp_end[:, 0] <= ssp_end[s, 1:].min()).sum())
         assert slow_done >= s - 2, (s, slow_done)
     assert ssp_end[-1, 1:].max() < asp_end[-1, 0]  # but they are not held to its pace either
     _, _, bsp_end = runs["bsp"]

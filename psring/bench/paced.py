@@ -120,7 +120,8 @@ class PacedWorker:
             if (until_s is not None and now >= until_s) or (until is not None and until()):
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no progress in {REPLY_TIMEOUT_S:.0f} s: is an echo server gone?")
+                raise TimeoutError(f"waited {REPLY_TIMEOUT_S:.0f} s for a reply or a deadline: is an echo server "
+                                   f"gone?")
             self._take(until_s - now if until_s is not None else 0.05)
 
     def step(self, clock: float) -> float:

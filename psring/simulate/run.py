@@ -172,9 +172,9 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
     if flows and overlapped(cfg) and strategies.attr(cfg.sync, "cost_model") == cm.HIERARCHICAL_MODEL:
         raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
-    if vector is not None and hasattr(vector, "run"):  # (``vector_async.AsyncPS``: SSP and ASP)
-        from .vector_async import async_records
+    from .vector_async import AsyncPS, async_records
 
+    if isinstance(vector, AsyncPS):  # SSP and ASP: each worker its own steps
         records = async_records(cfg, compute, vector)
     elif vector is not None:
         records = vector_records(cfg, compute, vector)
