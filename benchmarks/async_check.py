@@ -18,23 +18,16 @@ import itertools
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from psring.config import TrainConfig
-from psring.simulate.plans import layout_of, link_Bps, ps_plan
-from psring.simulate.run import check, compute_times, parse_jitter, simulate
-from psring.simulate.vector_async import AsyncPS
+from psring.simulate.run import simulate
+from psring.simulate.vector_async import async_summary
 
 
 def drifting_fluid(cfg: TrainConfig, jitter: str) -> float:
     """``worker_samples_per_s`` of ``AsyncPS`` on ``cfg`` (for BSP, which ``psring simulate`` gives VectorPS)."""
-    compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    chunks, window = ps_plan(cfg, layout_of(cfg))
-    rate = link_Bps(cfg.link_rate)
-    began, _, end = AsyncPS(cfg.workers, chunks, window, rate, rate, 20e-6, cfg.consistency, cfg.staleness).run(compute)
-    timed = end[-1] - end[cfg.warmup - 1]  # each worker's timed steps, at its own pace
-    return float(np.sum(cfg.batch_size * (cfg.steps - cfg.warmup) / timed))
+    return async_summary(cfg, jitter, 20e-6)["worker_samples_per_s"]
 
 
 def cfg_of(n: int, consistency: str) -> TrainConfig:

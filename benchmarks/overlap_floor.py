@@ -44,6 +44,7 @@ from psring.config import TrainConfig
 from psring.launch.children import Children
 from psring.launch.launcher import child_env, launch, start_listeners
 from psring.results import load_config
+from psring.sweep import flat_config
 from psring.launch.watch import check_alive
 from psring.metrics.cpu import cpu_times, utilisation
 from psring.net.emulated import EmulatedNetwork
@@ -99,7 +100,7 @@ def psring_run(n: int, s: int, rate: str, model: str, compute_ms: int, mode: str
                       compute=f"emulated:{compute_ms}", overlap=mode, steps=steps, warmup=warmup, out=str(out),
                       **({"bucket_mb": bucket_mb} if bucket_mb else {}))
     summ = launch(cfg, echo=False, overwrite=True)
-    row = {**{k: v for k, v in load_config(out).items() if not isinstance(v, (dict, list))}, **summ}
+    row = {**flat_config(TrainConfig.from_dict(load_config(out))), **summ}  # as runs.csv has a run
     return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"), "chunk_bytes": summ["chunk_bytes"],
             "row": row}
 

@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 
 from psring.config import TrainConfig
-from psring.simulate.plans import layout_of, link_Bps, ps_plan
 from psring.simulate.run import check, compute_times, parse_jitter, simulate, vector_of
-from psring.simulate.vector_async import AsyncPS
+from psring.simulate.vector_async import AsyncPS, async_of, async_summary
 
 PS = dict(sync="ps", model="resnet50", compute="emulated:100", link_rate="25gbit", link_burst="0kb", overlap="none",
           net="emulated", bucket_mb=4.0, batch_size=32, num_samples=65536, staleness=2)
@@ -20,10 +19,7 @@ def cfg_of(n: int, consistency: str, **kw) -> TrainConfig:
 
 
 def fluid(cfg: TrainConfig, jitter: str = "none"):
-    compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
-    chunks, window = ps_plan(cfg, layout_of(cfg))
-    rate = link_Bps(cfg.link_rate)
-    return AsyncPS(cfg.workers, chunks, window, rate, rate, 20e-6, cfg.consistency, cfg.staleness).run(compute)
+    return async_of(cfg, 20e-6).run(compute_times(cfg, check(cfg), parse_jitter(jitter)))
 
 
 @pytest.mark.parametrize("consistency", ["bsp", "ssp", "asp"])
@@ -34,9 +30,7 @@ def test_within_five_percent_of_the_flow_replay_at_n16(consistency, tmp_path):
     flows = simulate(cfg, tmp_path / "flows", "lognormal:0.2", 20.0, flows=True)
     cfg_fluid = cfg_of(16, consistency)
     if consistency == "bsp":  # (``psring simulate`` takes VectorPS for BSP: the fluid here, directly)
-        began, _, end = fluid(cfg_fluid, "lognormal:0.2")
-        timed = end[-1] - end[cfg.warmup - 1]
-        got = cfg.batch_size * (cfg.steps - cfg.warmup) * cfg.workers / timed.max()
+        got = async_summary(cfg_fluid, "lognormal:0.2", 20e-6)["worker_samples_per_s"]
         assert got == pytest.approx(flows["worker_samples_per_s"], rel=0.05)
         return
     assert isinstance(vector_of(cfg_fluid, 20e-6), AsyncPS)

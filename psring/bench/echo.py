@@ -23,8 +23,9 @@ from ..allocator import keep_freed_memory
 from ..collector import freeze_setup_objects
 
 
-def sgd_updater(nbytes: int):
-    """``update(frame) -> memoryview`` of the updated parameters the frame's gradients were for."""
+def fused_sgd():
+    """``step(params, grads, moms)``: torch's fused momentum-SGD kernel in place with the PS servers' default
+    settings (``OptimConfig``), so a floor does the same work as their update; one thread, frames read-only."""
     import warnings
 
     import torch
@@ -34,7 +35,20 @@ def sgd_updater(nbytes: int):
 
     warnings.filterwarnings("ignore", "The given buffer is not writable")  # frames are only read
     torch.set_num_threads(1)
-    cfg = OptimConfig()  # the PS servers' default update, so the floor does the same work
+    cfg = OptimConfig()
+
+    def step(p, g, m) -> None:
+        sgd([p], [g], [m], fused=True, weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
+            dampening=0.0, nesterov=False, maximize=False)
+
+    return step
+
+
+def sgd_updater(nbytes: int):
+    """``update(frame) -> memoryview`` of the updated parameters the frame's gradients were for."""
+    import torch
+
+    sgd = fused_sgd()
     params, moms, pos = torch.zeros(nbytes // 4), torch.zeros(nbytes // 4), 0
 
     def update(frame) -> memoryview:
@@ -43,8 +57,7 @@ def sgd_updater(nbytes: int):
         if pos + g.numel() > params.numel():
             pos = 0
         p, m = params[pos:pos + g.numel()], moms[pos:pos + g.numel()]
-        sgd([p], [g], [m], fused=True, weight_decay=cfg.weight_decay, momentum=cfg.momentum, lr=cfg.lr,
-            dampening=0.0, nesterov=False, maximize=False)
+        sgd(p, g, m)
         pos += g.numel()
         return memoryview(p.numpy()).cast("B")
 
@@ -61,19 +74,10 @@ class BSPRound:
     worker holding the chunks the others' replies wait for."""
 
     def __init__(self, workers: int):
-        import warnings
-
-        import torch
-
-        from ..config import OptimConfig
-
-        warnings.filterwarnings("ignore", "The given buffer is not writable")  # frames are only read
-        torch.set_num_threads(1)
-        self.workers, self.cfg, self.keys = workers, OptimConfig(), {}  # key -> [params, moms, sum, peers]
+        self.workers, self.sgd, self.keys = workers, fused_sgd(), {}  # key -> [params, moms, sum, peers]
 
     def take(self, sock, msg) -> None:
         import torch
-        from torch.optim.sgd import sgd
 
         peer, key, frame = msg
         sock.send_multipart([peer, key], copy=False)  # the ack: received (the sender's credit back)
@@ -86,9 +90,7 @@ class BSPRound:
         peers.append(peer)
         if len(peers) < self.workers:
             return
-        c = self.cfg
-        sgd([params], [total], [moms], fused=True, weight_decay=c.weight_decay, momentum=c.momentum, lr=c.lr,
-            dampening=0.0, nesterov=False, maximize=False)
+        self.sgd(params, total, moms)
         reply = memoryview(params.numpy()).cast("B")
         for p in peers:
             sock.send_multipart([p, key, reply], copy=False)

@@ -233,15 +233,14 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
 
         ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s, burst)
         return VectorHierarchy(hosts, cfg.per_host, ring)
-    chunks, window = ps_plan(cfg, layout)
-    server_rate = link_Bps(cfg.server_link_rate or cfg.link_rate)
     if cfg.consistency != "bsp":  # workers drift apart: each its own point on the step's bytes
-        from .vector_async import AsyncPS
+        from .vector_async import async_of
 
-        return AsyncPS(cfg.workers, chunks, window, rate, server_rate, alpha_s, cfg.consistency, cfg.staleness)
+        return async_of(cfg, alpha_s)
     from .vector_ps import VectorPS
 
-    return VectorPS(cfg.workers, chunks, window, rate, server_rate, alpha_s)
+    chunks, window = ps_plan(cfg, layout)
+    return VectorPS(cfg.workers, chunks, window, rate, link_Bps(cfg.server_link_rate or cfg.link_rate), alpha_s)
 
 
 class Replay:

@@ -113,6 +113,16 @@ class AsyncPS:
         return np.where(ok, self.m if self.k == 0 else own, 0.0)  # k = 0: the whole round (waits_for_round)
 
 
+def async_of(cfg, alpha_s: float) -> AsyncPS:
+    """The run's fluid from the PS's own plan (``plans.ps_plan``) and links, whatever its consistency (BSP too:
+    ``psring simulate`` gives BSP ``vector_ps.VectorPS``; ``benchmarks/async_check.py`` compares the two)."""
+    from .plans import layout_of, link_Bps, ps_plan
+
+    chunks, window = ps_plan(cfg, layout_of(cfg))
+    return AsyncPS(cfg.workers, chunks, window, link_Bps(cfg.link_rate), link_Bps(cfg.server_link_rate or cfg.link_rate),
+                   alpha_s, cfg.consistency, cfg.staleness)
+
+
 def async_records(cfg, compute: np.ndarray, replay: AsyncPS) -> list[list[dict]]:
     """Every step of every worker, as ``Replay`` records them (sync: from the compute's end to the last reply)."""
     from .records import add_step
@@ -122,3 +132,15 @@ def async_records(cfg, compute: np.ndarray, replay: AsyncPS) -> list[list[dict]]
     for step in range(cfg.steps):
         add_step(records, cfg, step, began[step], backward_end[step], end[step], replay.m)
     return records
+
+
+def async_summary(cfg, jitter: str, alpha_s: float) -> dict:
+    """The run's summary figures (``metrics.summary.summarize``) on this fluid, without a run folder."""
+    import pandas as pd
+
+    from ..metrics.summary import summarize
+    from .run import check, compute_times, parse_jitter
+
+    compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
+    records = async_records(cfg, compute, async_of(cfg, alpha_s))
+    return summarize(pd.DataFrame([x for rank in records for x in rank]), cfg.workers, cfg.warmup)
