@@ -98,6 +98,21 @@ def close(part: float, whole: float) -> bool:
     return abs(part - whole) <= max(0.05 * abs(whole), 3e-3)
 
 
+PREEMPTED_S = 0.010  # one preemption between two clock readings: a time slice (3-4 ms), a GIL switch (5 ms)
+
+
+def adds_up(pairs: list[tuple[float, float, str]]) -> None:
+    """Every ``(part, whole, where)`` of a run ``close``, but one: an accounting error shows in every record,
+    a worker preempted in the few microseconds between two clock readings in one. That one may miss by at
+    most one preemption (seen in CI with the other xdist worker busy: a PS sync 3.7 ms longer than its
+    parts, a DDP step 0 4.2 ms longer than its phases; with a CPU hog, 3.2 ms between backward's end and
+    the PS's first reading, in 1 record of 100)."""
+    misses = [(part, whole, where) for part, whole, where in pairs if not close(part, whole)]
+    assert len(misses) <= 1, f"{len(misses)} of {len(pairs)} records do not add up: {misses}"
+    for part, whole, where in misses:
+        assert abs(part - whole) <= PREEMPTED_S, f"{where}: {part} vs {whole}"
+
+
 # --- 1. phase times add up --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["ps", "allreduce2", "none1"])
@@ -106,20 +121,21 @@ def test_phases_add_up_to_the_step(run_dir, name):
     recs = records(run_dir(name))
     assert len(recs) == n * STEPS
     assert {(r["rank"], r["step"]) for r in recs} == {(k, t) for k in range(n) for t in range(STEPS)}
+    steps, syncs = [], []
     for r in recs:
         for ph in PHASES + ["step_s"]:
             assert isinstance(r[ph], numbers.Real) and r[ph] >= 0, (ph, r)
-        total = sum(r[ph] for ph in PHASES)
-        assert close(total, r["step_s"]), \
-            f"{name} rank {r['rank']} step {r['step']}: phases {total} vs {r['step_s']}"
+        where = f"{name} rank {r['rank']} step {r['step']}"
+        steps.append((sum(r[ph] for ph in PHASES), r["step_s"], f"{where}: phases vs step_s"))
         if sync in SYNC_PARTS:
             parts = SYNC_PARTS[sync]
             assert all(isinstance(r[p], numbers.Real) and r[p] >= 0 for p in parts), r
             sub = sum(r[p] for p in parts)
             # the parts are timed inside the interval sync_s is timed over, so they can never exceed it
             assert sub <= r["sync_s"] + 1e-9, r
-            assert close(sub, r["sync_s"]), (f"{name} rank {r['rank']} step {r['step']}: "
-                                             f"{'+'.join(parts)} = {sub} vs sync_s {r['sync_s']}")
+            syncs.append((sub, r["sync_s"], f"{where}: {'+'.join(parts)} vs sync_s"))
+    adds_up(steps)
+    adds_up(syncs)
     if sync == "ps":
         assert all(r["update_s"] == 0 for r in recs)  # the servers update, not the workers
     else:
@@ -129,11 +145,13 @@ def test_phases_add_up_to_the_step(run_dir, name):
 def test_ddp_has_no_sync_time_and_the_rest_adds_up(run_dir):
     recs = records(run_dir("ddp2"))
     assert len(recs) == 2 * STEPS
+    pairs = []
     for r in recs:
         assert r["sync_s"] is None, r  # overlapped with backward: not separable
         total = r["data_s"] + r["forward_s"] + r["backward_s"] + r["update_s"]
         assert total <= r["step_s"] + 1e-9
-        assert close(total, r["step_s"]), f"rank {r['rank']} step {r['step']}: {total} vs {r['step_s']}"
+        pairs.append((total, r["step_s"], f"rank {r['rank']} step {r['step']}"))
+    adds_up(pairs)
 
 
 # --- 2. bytes follow the traffic pattern ------------------------------------------------------------

@@ -171,6 +171,8 @@ class PSSync(Synchronizer):
         return len(self.loaded) == len(self.buckets.buckets)
 
     def _finish(self) -> SyncStats:
+        """The step's bytes and trace from the channel's thread; the hand-off there and back (two thread
+        switches) is a lap of wait_s, so that push + wait + pull still cover the whole of ``step``."""
         def transport():  # on the channel's thread
             tr = self.tr
             sent, recv = tr.bytes()
@@ -178,6 +180,8 @@ class PSSync(Synchronizer):
             tr.end_step()
             return sent, recv, messages
         sent, recv, messages = self.chan.run(transport)
+        t = self.clock.now()
+        self.phases["wait_s"], self.lap = self.phases["wait_s"] + t - self.lap, t
         stats = SyncStats(bytes_sent=sent, bytes_recv=recv, phases=self.phases, messages=messages,
                           ready=self.buckets.ready_offsets(self.t0))
         self.buckets.reset()
