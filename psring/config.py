@@ -152,6 +152,8 @@ class TrainConfig:
     link_burst: str = opt("1mb", "tbf's burst of every emulated link (e.g. 128kb where messages are a few MB: a "
                           "1 MB credit refilled during compute carries part of each step faster than the rate)",
                           section="network")
+    link_cc: str = opt("", "TCP congestion control of every emulated host, e.g. cubic or bbr (default: the machine's, "
+                       "which new namespaces inherit; summary.json's link_cc says which one ran)", section="network")
     link_tuning: str = opt("auto", "how partitions, chunks and credits learn the link: auto (the PS fits them to "
                            "--link-rate on --net emulated; otherwise a probe at start where workers span hosts), "
                            "probe (measure even where told: the rate hidden), off (fixed buckets, no credits)",

@@ -49,7 +49,7 @@ ID_KEYS = ["sync", "workers", "servers"]  # first in a run's id, the rest alphab
 COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness",
                        "ps_design", "ps_window", "curve", "net", "link_rate", "server_link_rate", "link_delay", "backend",
                        "timeout_s", "compress", "error_feedback", "workers_per_host", "ps_placement",
-                       "ps_credit_mb", "link_tuning", "link_burst", "link_sample_ms"})
+                       "ps_credit_mb", "link_tuning", "link_burst", "link_cc", "link_sample_ms"})
 # What a baseline does not share with the runs it is the baseline of: communication; the straggler, one
 # slow machine of the N whose cost the speedup is to show (and rank 1 does not exist at N=1); and resume,
 # another run's checkpoint. Every other setting (model, data, compute, optimizer, threads, steps, seed,

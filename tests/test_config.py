@@ -24,7 +24,7 @@ KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_d
         "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "ps_credit_mb", "consistency", "staleness",
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
         "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
-        "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_tuning",
+        "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_cc", "link_tuning",
         "image_size", "num_classes", "buffers"]
 OPTIM_KEYS = ["lr", "momentum", "weight_decay", "name", "betas", "eps"]
 

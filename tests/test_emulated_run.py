@@ -13,6 +13,7 @@ import pytest
 from conftest import processes_mentioning
 
 from psring.net import NetError, check_available
+from psring.net import tcp
 from psring.train.models import build_model
 
 try:
@@ -58,11 +59,13 @@ def test_allreduce_traffic_on_the_wire_is_the_ring_formula(psring, tmp_path, no_
 @needs_net
 def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_path, no_new_namespaces):
     out = tmp_path / "ps"
+    cc = tcp.offered()[0]  # asked for by name, and then said to have run
     r = psring.run("train", "--sync", "ps", "--workers", "2", "--servers", "1", "--net", "emulated",
                    "--link-rate", "1gbit", "--compute", "emulated:20", "--model", "cnn", "--steps", "4",
-                   "--warmup", "1", "--trace", "--out", str(out), timeout=240)
+                   "--warmup", "1", "--trace", "--link-cc", cc, "--out", str(out), timeout=240)
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
+    assert s["link_cc"] == cc, s
     m = grad_bytes("cnn")  # each worker pushes M and gets M back per step, over its own link
     assert m <= s["wire_tx_bytes_per_step"] <= 1.1 * m and m <= s["wire_rx_bytes_per_step"] <= 1.1 * m, s
     # the launcher's link samples (links.jsonl), summed over the run, are the kernel's interface counters

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from psring.net import EmulatedNetwork, NetError, check_available, cleanup, parse_rate
+from psring.net import tcp
 from psring.net.reaper import NAME_RE
 
 try:
@@ -163,6 +164,8 @@ def test_bad_arguments_fail_before_touching_the_system():
         EmulatedNetwork(2, "100mbit", rate_overrides={5: "1gbit"})
     with pytest.raises(NetError, match="delay"):
         EmulatedNetwork(2, "100mbit", delay="soon")
+    with pytest.raises(NetError, match="--link-cc 'nosuch': this kernel offers"):
+        EmulatedNetwork(2, "100mbit", cc="nosuch")
 
 
 # --- the network ------------------------------------------------------------------------------------
@@ -176,13 +179,6 @@ def test_one_link_delivers_its_rate(procs, tmp_path):
     assert abs(rate - LINE_MBS) <= 0.15 * LINE_MBS, f"{rate:.2f} MB/s on a {LINE_MBS} MB/s link"
 
 
-def available_cc() -> list[str]:
-    try:
-        return Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
-    except OSError:
-        return []
-
-
 @needs_net
 @pytest.mark.alone  # (beside the suite's other xdist worker, busy, the two flows once split 7.0 : 4.9 MB/s)
 def test_incast_shares_the_receivers_link(procs, tmp_path):
@@ -190,7 +186,7 @@ def test_incast_shares_the_receivers_link(procs, tmp_path):
     # over this 3.5 s window (15 of 15 runs; a 3 s window after 1 s: up to 15 %); cubic on the same
     # drop-tail queue split as badly as 9 : 3. So the senders ask for bbr where the kernel has it, and the
     # per-flow check needs it.
-    cc = "bbr" if "bbr" in available_cc() else None
+    cc = "bbr" if "bbr" in tcp.offered() else None
     with EmulatedNetwork(3, "100mbit") as net:
         r = measure(net, procs, tmp_path, senders=[0, 1], receiver=2, seconds=5.0, skip=1.5, cc=cc)
     a, b = r["rates_mbs"]
@@ -222,6 +218,25 @@ def test_hosts_reach_each_other_and_overrides_apply():
         out = subprocess.run(net.exec_prefix(0) + [sys.executable, "-S", "-c", probe], capture_output=True,
                              text=True, timeout=20, check=False)
         assert out.stdout.strip() == "refused", out.stderr
+
+
+@needs_net
+def test_every_host_runs_the_congestion_control_asked_for_and_says_which():
+    """``--link-cc``: set in every host's namespace; without it the hosts keep what a new namespace gets (the
+    machine's), and ``cc`` reads it back from a host either way."""
+    def on_hosts(net):
+        return {tcp.read("ip", h.netns) for h in net.hosts}
+
+    with EmulatedNetwork(2, "100mbit") as net:
+        default = on_hosts(net)
+        assert len(default) == 1 and net.cc in default and net.cc in tcp.offered()
+    for cc in tcp.offered()[:3]:
+        with EmulatedNetwork(2, "100mbit", cc=cc) as net:
+            assert net.cc == cc and on_hosts(net) == {cc}
+    r = subprocess.run([sys.executable, "-m", "psring", "train", "--net", "emulated", "--link-cc", "nosuch",
+                        "--workers", "2", "--steps", "1", "--out", "/nonexistent/never"], capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--link-cc 'nosuch'" in r.stderr, r.stderr
 
 
 @needs_net

@@ -199,7 +199,8 @@ def run_once(cfg: TrainConfig, out: Path, echo: bool) -> dict:
         deadline = time.monotonic() + 10.0  # servers exit on their own once every worker said done
         while any(s.returncode is None for s in servers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        return sampler.stop()  # while the namespaces, and so their counters, are still there
+        # while the namespaces, and so their counters, are still there
+        return {**sampler.stop(), **({"link_cc": place.net.cc} if place.net is not None else {})}
     finally:
         kids.stop_all()
         remove_temporaries(temp_folders(out), {c.proc.pid for c in kids.children})  # theirs, killed mid-write

@@ -60,7 +60,7 @@ class Placement:
         overrides = {first + i: cfg.server_link_rate for i in range(self.dedicated)} if cfg.server_link_rate else None
         check_available()  # NetError (a ConfigError): one line, exit 2
         self.net = EmulatedNetwork(first + self.dedicated, cfg.link_rate, overrides, cfg.link_delay,
-                                   cfg.link_burst).open()
+                                   cfg.link_burst, cfg.link_cc).open()
 
     def _host(self, i: int) -> tuple[list[str], str]:
         if self.net is None:
@@ -102,7 +102,7 @@ class Placement:
             return "loopback"
         rate = self.cfg.link_rate + (f", servers {self.cfg.server_link_rate}" if self.cfg.server_link_rate else "")
         per = f", {self.cfg.per_host} workers each" if self.cfg.per_host > 1 else ""
-        return f"emulated hosts ({len(self.net.hosts)} namespaces{per}, links {rate})"
+        return f"emulated hosts ({len(self.net.hosts)} namespaces{per}, links {rate}, TCP {self.net.cc})"
 
     def close(self) -> None:
         if self.net is not None:

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Self
 
 from ..config import ConfigError
+from . import tcp
 from .reaper import CMD_TIMEOUT_S, PREFIX, delete_namespaces, list_namespaces, stale_namespaces
 
 SUBNET = "10.213.0"  # private (RFC 1918); only ever configured inside this run's namespaces
@@ -125,27 +126,27 @@ class EmulatedNetwork:
     """``n_hosts`` namespaces on one shaped switch; use as a context manager (or ``open()``/``close()``).
 
     ``link_rate`` applies to both directions of every host's link; ``rate_overrides`` ({host index: rate})
-    gives some hosts (e.g. PS servers) another one; ``burst``: tbf's bucket (see ``BURST``). ``delay`` (e.g. ``"5ms"``) is added once on the way
-    between any two hosts (on each host's upload), so host-to-host RTT grows by twice that.
+    gives some hosts (e.g. PS servers) another one; ``burst``: tbf's bucket (see ``BURST``); ``cc``: TCP's congestion
+    control on every host (``tcp``; "": the machine's). ``delay`` (e.g. ``"5ms"``) is added once on the way between
+    any two hosts (on each host's upload), so host-to-host RTT grows by twice that.
     """
 
     def __init__(self, n_hosts: int, link_rate: str, rate_overrides: dict[int, str] | None = None,
-                 delay: str | None = None, burst: str = BURST):
+                 delay: str | None = None, burst: str = BURST, cc: str = ""):
         if not 1 <= n_hosts <= MAX_HOSTS:
             raise NetError(f"emulated network: {n_hosts} hosts requested, 1 to {MAX_HOSTS} supported")
         rates = {i: parse_rate(link_rate) for i in range(n_hosts)}
         for i, r in (rate_overrides or {}).items():
             if i not in rates:
-                raise NetError(f"emulated network: rate override for host {i}, "
-                               f"but hosts are 0..{n_hosts - 1}")
+                raise NetError(f"emulated network: rate override for host {i}, but hosts are 0..{n_hosts - 1}")
             rates[i] = parse_rate(r)
         if delay is not None and not _DELAY_RE.match(delay):
-            raise NetError(f"bad link delay {delay!r}: use a number and a unit, e.g. 200us, 5ms, "
-                           f"0.1s")
+            raise NetError(f"bad link delay {delay!r}: use a number and a unit, e.g. 200us, 5ms, 0.1s")
         if not _BURST_RE.match(burst) or int(burst[:-2]) * (1024 if burst.endswith("kb") else 2**20) < 64 * 1024:
-            raise NetError(f"bad link burst {burst!r}: use kilobytes or megabytes, at least 64kb (veth hands tbf "
-                           f"64 KB packets), e.g. 128kb, 1mb")
-        self.delay, self.burst = delay, burst
+            raise NetError(f"bad link burst {burst!r}: kilobytes or megabytes, at least 64kb, e.g. 128kb, 1mb")
+        if (why := tcp.unknown(cc)) is not None:
+            raise NetError(why)
+        self.delay, self.burst, self.want_cc, self.cc = delay, burst, cc, ""  # cc: what the hosts run, once built
         self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}-"  # unique per run: runs can coexist
         self.switch_netns = self.prefix + "sw"
         self.hosts = [Host(i, f"{self.prefix}h{i}", f"{SUBNET}.{i + 1}", rates[i])
@@ -173,8 +174,7 @@ class EmulatedNetwork:
         return [self._ip, "netns", "exec", self.switch_netns]
 
     def host_counters(self) -> list[tuple[int, int]]:
-        """(sent, received) bytes of every host's link interface since it was created, as its kernel
-        counts them."""
+        """(sent, received) bytes of every host's link interface since it was created, as its kernel counts them."""
         from .links import kernel_totals
 
         return [kernel_totals(self._ip, h.netns, h.iface) for h in self.hosts]
@@ -267,6 +267,9 @@ class EmulatedNetwork:
                 _run([tc, "-n", h.netns, "qdisc", "add", "dev", h.iface, "parent", "1:1", "handle", "10:",
                       *tbf], "shape the upload")
             _run([tc, "-n", sw, "qdisc", "replace", "dev", port, "root", *tbf], "shape the download")
+            if self.want_cc:
+                _run(tcp.set_command(ip, h.netns, self.want_cc), f"set host {h.index}'s TCP congestion control")
+        self.cc = tcp.read(ip, self.hosts[0].netns)
 
     def _add_netem(self, h: Host) -> None:
         # netem at the root delays, tbf as its child then shapes: the tc-netem(8) recipe for "delay + rate".
