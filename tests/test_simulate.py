@@ -107,6 +107,24 @@ def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
         assert run.replayed == "yes" or run.replayed.startswith("no: ")
 
 
+def test_congestion_control_explains_the_rings_misses():
+    """results/simulate/congestion.csv (benchmarks/congestion.py): under cubic every strategy meets its replay at
+    the point where the hand-written ring missed it; under bbr, the machine's default, the ring pays most."""
+    c = pd.read_csv(RESULTS / "simulate" / "congestion.csv")
+    assert (c["link_cc"] == c["ran_cc"]).all() and set(c["link_cc"]) == {"cubic", "bbr"}
+    assert c.groupby(["sync", "link_cc"]).size().min() >= 3
+    med = c.groupby(["sync", "link_cc"])["sync_over_replay"].median()
+    assert all(0.99 <= med[(s, "cubic")] <= 1.01 for s in ("ring", "allreduce", "ps")), med
+    assert med[("ring", "bbr")] >= 1.05 and med[("ring", "bbr")] > med[("allreduce", "bbr")] > med[("ps", "bbr")]
+    ring_rows = c[(c["sync"] == "ring") & (c["link_cc"] == "bbr")]
+    assert ring_rows["sync_over_replay"].min() > c[(c["sync"] == "ring") & (c["link_cc"] == "cubic")][
+        "sync_over_replay"].max()  # every bbr run of the ring slower than every cubic one
+    v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
+    assert c["replay_sync_s"][c["sync"] == "ring"].iloc[0] == pytest.approx(
+        v[(v.folder == "compression_sync") & (v.sync == "ring") & (v.workers == 4) & (v.link_rate == "100mbit")
+          & (v.compress == "none")]["sim_sync_s"].iloc[0])
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     """Bad flags, and ``--from`` a folder that is no run or a run without a calibration (results/overlap has
     none: its folder never calibrated its link)."""
