@@ -153,7 +153,8 @@ class TrainConfig:
                           "1 MB credit refilled during compute carries part of each step faster than the rate)",
                           section="network")
     link_cc: str = opt("", "TCP congestion control of every emulated host, e.g. cubic or bbr (default: the machine's, "
-                       "which new namespaces inherit; summary.json's link_cc says which one ran)", section="network")
+                       "which new namespaces inherit; summary.json's link_cc says which one ran)", section="network",
+                       check=lambda v: _tcp_unknown(v))
     link_tuning: str = opt("auto", "how partitions, chunks and credits learn the link: auto (the PS fits them to "
                            "--link-rate on --net emulated; otherwise a probe at start where workers span hosts), "
                            "probe (measure even where told: the rate hidden), off (fixed buckets, no credits)",
@@ -281,3 +282,9 @@ class TrainConfig:
 
 # the checks of a strategy-specific section, run when the strategy reads it (``Strategy.options``)
 SECTION_CHECKS = {"ps": checks.check_ps}
+
+
+def _tcp_unknown(name: str) -> str | None:
+    from .net.tcp import unknown  # here, not at the top: psring.net imports this module
+
+    return unknown(name)

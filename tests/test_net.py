@@ -164,7 +164,7 @@ def test_bad_arguments_fail_before_touching_the_system():
         EmulatedNetwork(2, "100mbit", rate_overrides={5: "1gbit"})
     with pytest.raises(NetError, match="delay"):
         EmulatedNetwork(2, "100mbit", delay="soon")
-    with pytest.raises(NetError, match="--link-cc 'nosuch': this kernel offers"):
+    with pytest.raises(NetError, match="--link-cc 'nosuch': this kernel allows"):
         EmulatedNetwork(2, "100mbit", cc="nosuch")
 
 
@@ -221,7 +221,7 @@ def test_hosts_reach_each_other_and_overrides_apply():
 
 
 @needs_net
-def test_every_host_runs_the_congestion_control_asked_for_and_says_which():
+def test_every_host_runs_the_congestion_control_asked_for_and_says_which(tmp_path):
     """``--link-cc``: set in every host's namespace; without it the hosts keep what a new namespace gets (the
     machine's), and ``cc`` reads it back from a host either way."""
     def on_hosts(net):
@@ -233,10 +233,12 @@ def test_every_host_runs_the_congestion_control_asked_for_and_says_which():
     for cc in tcp.offered()[:3]:
         with EmulatedNetwork(2, "100mbit", cc=cc) as net:
             assert net.cc == cc and on_hosts(net) == {cc}
+    out = tmp_path / "never"  # refused before anything is touched
     r = subprocess.run([sys.executable, "-m", "psring", "train", "--net", "emulated", "--link-cc", "nosuch",
-                        "--workers", "2", "--steps", "1", "--out", "/nonexistent/never"], capture_output=True,
+                        "--workers", "2", "--steps", "1", "--out", str(out)], capture_output=True,
                        text=True, timeout=60, check=False)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--link-cc 'nosuch'" in r.stderr, r.stderr
+    assert not out.exists()
 
 
 @needs_net

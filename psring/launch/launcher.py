@@ -180,7 +180,8 @@ def failure(e: LaunchError, out: Path, cfg: TrainConfig, restarts: int) -> str:
 
 def run_once(cfg: TrainConfig, out: Path, echo: bool) -> dict:
     """One attempt: start the servers and workers, watch them until the workers are done, stop all;
-    returns the link sampler's check (``LinkSampler.stop``; {} without one)."""
+    returns the link sampler's check (``LinkSampler.stop``; {} without one) and, on emulated hosts, their TCP
+    congestion control (``link_cc``)."""
     kids = Children()
     place = None
     try:

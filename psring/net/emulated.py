@@ -145,7 +145,7 @@ class EmulatedNetwork:
         if not _BURST_RE.match(burst) or int(burst[:-2]) * (1024 if burst.endswith("kb") else 2**20) < 64 * 1024:
             raise NetError(f"bad link burst {burst!r}: kilobytes or megabytes, at least 64kb, e.g. 128kb, 1mb")
         if (why := tcp.unknown(cc)) is not None:
-            raise NetError(why)
+            raise NetError(f"--link-cc {why}")
         self.delay, self.burst, self.want_cc, self.cc = delay, burst, cc, ""  # cc: what the hosts run, once built
         self.prefix = f"{PREFIX}{os.getpid()}-{secrets.token_hex(2)}-"  # unique per run: runs can coexist
         self.switch_netns = self.prefix + "sw"
@@ -267,9 +267,7 @@ class EmulatedNetwork:
                 _run([tc, "-n", h.netns, "qdisc", "add", "dev", h.iface, "parent", "1:1", "handle", "10:",
                       *tbf], "shape the upload")
             _run([tc, "-n", sw, "qdisc", "replace", "dev", port, "root", *tbf], "shape the download")
-            if self.want_cc:
-                _run(tcp.set_command(ip, h.netns, self.want_cc), f"set host {h.index}'s TCP congestion control")
-        self.cc = tcp.read(ip, self.hosts[0].netns)
+        self.cc = tcp.apply(ip, [h.netns for h in self.hosts], self.want_cc, _run, NetError)
 
     def _add_netem(self, h: Host) -> None:
         # netem at the root delays, tbf as its child then shapes: the tc-netem(8) recipe for "delay + rate".
