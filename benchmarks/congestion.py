@@ -55,17 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/simulate")
     a = ap.parse_args(argv)
     ccs = [c for c in a.ccs.split(",") if c]
-    missing = [c for c in ccs if tcp.unknown(c)]
-    if a.repeats < 1 or not ccs or missing:
-        sys.exit(f"congestion: --repeats >= 1 and --ccs of {', '.join(tcp.offered())} (not {', '.join(missing)})")
+    if a.repeats < 1 or not ccs or any(tcp.unknown(c) for c in ccs):
+        sys.exit(f"congestion: --repeats >= 1 and --ccs of {', '.join(tcp.offered())}, got {a.repeats} and {a.ccs!r}")
     validation = pd.read_csv(ROOT / "results" / "simulate" / "validation.csv")
+    replays = {sync: replayed_sync_s(validation, sync) for sync in SYNCS}  # before the first run: a missing row fails here
     rows, t0 = [], time.time()
     with tempfile.TemporaryDirectory(prefix="psring-cc-") as scratch:
         for rep in range(a.repeats):
             for sync in SYNCS:
                 for cc in ccs:
                     s = run(sync, cc, Path(scratch) / f"{sync}-{cc}-{rep}")
-                    replay = replayed_sync_s(validation, sync)
+                    replay = replays[sync]
                     rows.append({"sync": sync, "link_cc": cc, "ran_cc": s["link_cc"], "repeat": rep,
                                  "sync_s_p50": s["sync_s_p50"], "step_s_p50": s["step_s_p50"],
                                  "cpu_util": s["cpu_util"], "replay_sync_s": replay,

@@ -50,6 +50,13 @@ _BUCKET_HELP = ("gradient bucket size, MB (default per strategy: " + ", ".join(
     for n in strategies.names()) + ")")
 
 
+def tcp_unknown(name: str) -> str | None:
+    """``--link-cc``'s check (``net.tcp.unknown``)."""
+    from .net.tcp import unknown  # here, not at the top: psring.net imports this module
+
+    return unknown(name)
+
+
 @dataclass
 class TrainConfig:
     sync: str = opt("allreduce", _SYNC_HELP, section="run", choices=strategies.names())
@@ -154,7 +161,7 @@ class TrainConfig:
                           section="network")
     link_cc: str = opt("", "TCP congestion control of every emulated host, e.g. cubic or bbr (default: the machine's, "
                        "which new namespaces inherit; summary.json's link_cc says which one ran)", section="network",
-                       check=lambda v: _tcp_unknown(v))
+                       check=tcp_unknown)
     link_tuning: str = opt("auto", "how partitions, chunks and credits learn the link: auto (the PS fits them to "
                            "--link-rate on --net emulated; otherwise a probe at start where workers span hosts), "
                            "probe (measure even where told: the rate hidden), off (fixed buckets, no credits)",
@@ -282,9 +289,3 @@ class TrainConfig:
 
 # the checks of a strategy-specific section, run when the strategy reads it (``Strategy.options``)
 SECTION_CHECKS = {"ps": checks.check_ps}
-
-
-def _tcp_unknown(name: str) -> str | None:
-    from .net.tcp import unknown  # here, not at the top: psring.net imports this module
-
-    return unknown(name)
