@@ -142,3 +142,22 @@ def test_sync_phase_utilisation_decides_saturation_when_long_enough():
     df["cpu_sync"] = [[0, 0, 1, 2], [40, 100, 41, 102], [80, 300, 81, 302], [120, 500, 121, 502]]
     s = summarize(df, workers=1, warmup=1)  # 6 ticks of sync: too short to tell, the whole step decides
     assert s["cpu_util_sync"] is None and s["cpu_saturated"] is False
+
+
+def test_the_cpu_while_communicating_decides_saturation_too():
+    """``cpu_util_comm`` (the launcher's, from the link samples) counts as the other two do."""
+    from psring.metrics.summary import saturated
+
+    assert saturated({"cpu_util": 0.5, "cpu_util_sync": None, "cpu_util_comm": 0.93}) is True
+    assert saturated({"cpu_util": 0.5, "cpu_util_sync": 0.6, "cpu_util_comm": 0.89}) is False
+    assert saturated({"cpu_util": 0.5}) is False  # a run without link samples: as before
+    assert saturated({"cpu_util": None, "cpu_util_sync": None, "cpu_util_comm": None}) is None
+
+
+def test_the_timed_window_is_rank_0s_from_the_last_warm_up_step_to_the_end():
+    from psring.metrics.summary import timed_window
+
+    recs = [{"rank": r, "step": s, "time": 10.0 * s + r, "step_s": 2.0} for s in range(4) for r in (0, 1)]
+    assert timed_window(recs, 2) == (10.0, 30.0)  # from the end of step 1 to the end of step 3
+    assert timed_window(recs, 0) == (-2.0, 30.0)  # no warm-up: from the start of the first step
+    assert timed_window([r for r in recs if r["rank"] == 1], 2) is None

@@ -74,6 +74,8 @@ def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_
     assert s["links_worst_host_error"] < 0.02, s
     rows = [json.loads(line) for line in (out / "links.jsonl").read_text().splitlines()]
     server_down = sum(row["down"][2] for row in rows)  # host 2: the server, which every push reaches
+    assert all(0 <= row["cpu"] <= 1 for row in rows if row["cpu"] is not None) and any(row["cpu"] for row in rows)
+    assert "cpu_util_comm" in s  # None here: 4 short steps carry too few busy intervals to tell
     assert server_down >= 2 * 4 * m, (server_down, m)
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert all(rec["ready"] and all(off < rec["sync_s"] for _, off in rec["ready"]) for rec in steps)

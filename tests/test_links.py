@@ -47,6 +47,7 @@ def test_lines_are_deltas_and_a_sigterm_writes_a_last_one(tmp_path):
     rows = links.load(out)
     assert len(rows) >= 50, len(rows)
     assert all(len(r["up"]) == len(r["down"]) == 3 for r in rows)
+    assert all(r["cpu"] is None or 0 <= r["cpu"] <= 1 for r in rows) and any(r["cpu"] is not None for r in rows)
     gaps = [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]
     assert 0.005 < sorted(gaps)[len(gaps) // 2] < 0.03, "about one line per 10 ms"
     assert float(cpu.read_text()) >= 0
@@ -69,3 +70,23 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "psring.net.links", "--ports", "0", "--out", str(tmp_path / "x")],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def tick(t, up, cpu, dt=0.02):
+    """A sample of two hosts' links: host 0 uploads ``up`` bytes, host 1 downloads them."""
+    return {"time": t, "dt": dt, "up": [up, 0], "down": [0, up], "cpu": cpu}
+
+
+def test_comm_cpu_is_the_cpu_of_the_intervals_in_which_a_link_carried_traffic():
+    rate = [1e9, 1e9]  # 2.5 MB in 20 ms: the link's rate
+    full, idle = 2_500_000, 0
+    rows = ([tick(0.02 * i, full, 0.9) for i in range(15)] + [tick(0.3 + 0.02 * i, idle, 0.1) for i in range(10)]
+            + [tick(0.5 + 0.02 * i, full // 2, 0.5) for i in range(15)])  # half the rate: still busy
+    assert links.comm_cpu(rows, rate, -1, 1) == pytest.approx((15 * 0.9 + 15 * 0.5) / 30)  # idle ticks left out
+    assert links.comm_cpu(rows, rate, -1, 0.49) == pytest.approx(0.9)  # only the window's ticks
+    assert links.comm_cpu(rows, [2e9, 2e9], -1, 1) == pytest.approx(0.9)  # at twice the rate half is not busy
+    # weighted by the intervals' lengths
+    assert links.comm_cpu([tick(0, 3 * 10**7, 1.0, dt=0.3), tick(1, 10**7, 0.0, dt=0.1)], rate, -1, 2) == \
+        pytest.approx(0.75)
+    assert links.comm_cpu(rows[:10], rate, -1, 1) is None  # 0.2 s of busy ticks: too few to tell
+    assert links.comm_cpu([{**r, "cpu": None} for r in rows], rate, -1, 1) is None  # an older file: no CPU

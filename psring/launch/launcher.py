@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import ConfigError, TrainConfig
 from ..fileio import CAUSES, WriteError, describe, remove_temporaries
-from ..metrics.summary import finalize_run
+from ..metrics.summary import finalize_run, saturated, warmup_of
 from ..strategies import uses_servers
 from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
@@ -165,8 +165,10 @@ def run_with_restarts(cfg: TrainConfig, out: Path, echo: bool, max_restarts: int
         cfg.resume = resume  # config.json says what was asked; summary.json counts the restarts
     put_back(out)
     cfg.save(out / "config.json")
-    finalize_run(out, cfg.to_dict())
-    return record_in_summary(out, {"restarts": restarts, "steps_recomputed": recomputed, **links_check})
+    summary = finalize_run(out, cfg.to_dict())
+    fields = {"restarts": restarts, "steps_recomputed": recomputed, **links_check}
+    fields["cpu_saturated"] = saturated({**summary, **fields})  # with the CPU while communicating
+    return record_in_summary(out, fields)
 
 
 def failure(e: LaunchError, out: Path, cfg: TrainConfig, restarts: int) -> str:
@@ -188,7 +190,8 @@ def run_once(cfg: TrainConfig, out: Path, echo: bool) -> dict:
         place = Placement(cfg)
         if echo and place.net is not None:
             print(f"psring: network: {place.describe()}", flush=True)
-        sampler = LinkSampler(place.net, out, cfg.link_sample_ms, kids, child_env(threads=1))
+        sampler = LinkSampler(place.net, out, cfg.link_sample_ms, kids, child_env(threads=1),
+                              warmup_of(cfg.to_dict()))
         servers = []
         if uses_servers(cfg.sync):
             cfg.ps_addrs = start_servers(cfg, out, kids, place)

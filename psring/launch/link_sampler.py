@@ -3,7 +3,8 @@ before the first server and stopped after the last worker, so ``links.jsonl`` co
 
 It is one more child of the launcher (stopped with the others on every exit path); it does not touch
 the workers. ``stop`` ends it with SIGTERM (it writes a last sample), then holds the samples' sums
-against the kernel's counters of every host's interface: summary.json's ``links_*`` fields.
+against the kernel's counters of every host's interface: summary.json's ``links_*`` fields; and, over
+rank 0's timed steps, the machine's CPU while a link carried traffic: ``cpu_util_comm``.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..metrics.jsonl import read_jsonl
+from ..metrics.summary import timed_window
 from ..net import links
 from .children import Children
 
@@ -19,8 +22,9 @@ STOP_TIMEOUT_S = 5.0
 
 
 class LinkSampler:
-    def __init__(self, net, out: Path, interval_ms: int, kids: Children, env: dict):
-        self.net, self.path, self.child = net, Path(out) / links.FILE, None
+    def __init__(self, net, out: Path, interval_ms: int, kids: Children, env: dict, warmup: int = 0):
+        self.net, self.path, self.child, self.warmup = net, Path(out) / links.FILE, None, warmup
+        self.ranks = Path(out) / "ranks" / "rank0.jsonl"
         self.cpu_file = Path(out) / "logs" / "links.cpu"
         if net is None or interval_ms <= 0:
             return
@@ -43,4 +47,9 @@ class LinkSampler:
                 proc.wait(STOP_TIMEOUT_S)
         if not self.path.is_file():
             return {}
-        return links.check(self.path, self.net.host_counters(), self.cpu_file)
+        out = links.check(self.path, self.net.host_counters(), self.cpu_file)
+        window = timed_window(read_jsonl(self.ranks), self.warmup) if self.ranks.is_file() else None
+        if window is not None:
+            out["cpu_util_comm"] = links.comm_cpu(links.load(self.path), [h.rate_bps for h in self.net.hosts],
+                                                  *window)
+        return out

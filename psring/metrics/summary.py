@@ -6,7 +6,9 @@ A step's wall time is the slowest worker's ``step_s`` (a synchronous step ends w
 from the end of the last warm-up step (or the log's opening) to the end of the last timed step.
 ``cpu_util_sync`` the same during the timed steps' ``Synchronizer.step`` alone (emulated compute is an
 idle wait that dilutes the whole step's figure); ``cpu_saturated``: either of them >= 0.9, i.e. the
-run's time may be the CPU's rather than the link's.
+run's time may be the CPU's rather than the link's. On an emulated network the launcher adds
+``cpu_util_comm``, the same over the timed steps' intervals in which a link carried traffic
+(``net.links.comm_cpu``), and ``saturated`` weighs it too.
 """
 from __future__ import annotations
 
@@ -65,8 +67,7 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["sync_share"] = out["share_sync"]
     out["cpu_util"] = _num(cpu_utilisation(steps, timed_ids))
     out["cpu_util_sync"] = _num(sync_cpu_utilisation(steps, timed_ids))
-    known = [u for u in (out["cpu_util"], out["cpu_util_sync"]) if u is not None]
-    out["cpu_saturated"] = max(known) >= SATURATED if known else None
+    out["cpu_saturated"] = saturated(out)
     out["bytes_sent_per_step"] = _num(timed["bytes_sent"].mean())
     out["bytes_recv_per_step"] = _num(timed["bytes_recv"].mean())
     if "buffer_bytes" in timed:  # --buffers broadcast|average: the part of bytes_sent that was buffers
@@ -93,6 +94,31 @@ def summarize(steps: pd.DataFrame, workers: int, warmup: int, servers: pd.DataFr
     out["best_test_acc"] = _num(acc["test_acc"].max()) if len(acc) else None
     out["epochs_evaluated"] = len(acc)
     return out
+
+
+def saturated(summary: dict) -> bool | None:
+    """``cpu_saturated``: the largest known of ``cpu_util``, ``cpu_util_sync`` and ``cpu_util_comm`` is at
+    least ``SATURATED``; None where none is known."""
+    known = [summary.get(k) for k in ("cpu_util", "cpu_util_sync", "cpu_util_comm")]
+    known = [u for u in known if u is not None]
+    return max(known) >= SATURATED if known else None
+
+
+def timed_window(records: list[dict], warmup: int) -> tuple[float, float] | None:
+    """Rank 0's wall-clock span of the timed steps, as ``cpu_utilisation`` takes it: from the end of the
+    step before the first timed one (the first step's start where there is none) to the end of the last
+    step; None without rank 0's records."""
+    r0 = sorted((r for r in records if r.get("rank") == 0 and "time" in r), key=lambda r: r["step"])
+    if not r0:
+        return None
+    before = [r for r in r0 if r["step"] < warmup]
+    start = before[-1]["time"] if before else r0[0]["time"] - r0[0].get("step_s", 0.0)
+    return start, r0[-1]["time"]
+
+
+def warmup_of(config: dict) -> int:
+    """The warm-up steps a run's figures leave out (at most all but the last step)."""
+    return min(config.get("warmup", 3), max(0, config["steps"] - 1))
 
 
 def cpu_utilisation(steps: pd.DataFrame, timed_ids: list) -> float | None:
@@ -164,7 +190,7 @@ def finalize_run(out: Path, config: dict) -> dict:
     records.sort(key=lambda r: (r["step"], r["rank"]))
     # whole or not at all (a full disk: WriteError naming it; an earlier steps.jsonl stays as it was)
     write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    warmup = min(config.get("warmup", 3), max(0, config["steps"] - 1))
+    warmup = warmup_of(config)
     summary = {k: config[k] for k in ("sync", "workers", "servers", "model", "batch_size", "steps")}
     summary["epochs"] = config.get("epochs")  # --epochs E (None: --steps), which became ``steps``
     summary.update(summarize(pd.DataFrame(records), config["workers"], warmup, load_server_records(out)))

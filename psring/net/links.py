@@ -6,10 +6,14 @@ on the workers' step path): there one read of ``/proc/net/dev`` gives the counte
 the host's upload, what it sent is the host's download. Every ``interval`` it appends one line to
 ``links.jsonl``::
 
-    {"time": 1796160689.70, "dt": 0.020, "up": [bytes per host], "down": [bytes per host]}
+    {"time": 1796160689.70, "dt": 0.020, "up": [bytes per host], "down": [bytes per host], "cpu": 0.93}
 
 ``time``: wall clock at the read (the clock of the step records, so links and steps line up); ``up`` and
-``down``: bytes since the previous line. SIGTERM makes it take a last sample and exit; it also exits
+``down``: bytes since the previous line; ``cpu``: the machine's CPU utilisation (all cores, ``/proc/stat``)
+over the same interval, None where unreadable. ``comm_cpu`` reads it back over the intervals in which a
+link carried traffic: the cores' load while the run communicates, which a run's mean over whole steps
+(emulated compute is an idle wait) or over its synchronizer's calls (with overlap, most communication runs
+during backward) does not show. SIGTERM makes it take a last sample and exit; it also exits
 when its launcher is gone. ``kernel_totals`` and ``check`` hold the samples' sums against the hosts' own
 interface counters once a run is over.
 
@@ -27,11 +31,14 @@ import sys
 import time
 from pathlib import Path
 
+from ..metrics.cpu import cpu_times, utilisation
 from ..metrics.jsonl import read_jsonl
 from .reaper import CMD_TIMEOUT_S
 
 FILE = "links.jsonl"
 FLUSH_EVERY_S = 1.0
+BUSY_LINK = 0.5  # an interval in which some link carried at least this share of its rate: communicating
+MIN_BUSY_S = 0.25  # fewer seconds of such intervals than this: too few to tell (None)
 
 
 def read_ports(n: int, path: str = "/proc/net/dev") -> tuple[list[int], list[int]]:
@@ -53,17 +60,19 @@ def sample(n: int, out: Path, interval_s: float, cpu_file: Path | None = None, r
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     parent = os.getppid()
-    last, t_last = read(n), time.time()
+    last, t_last, cpu_last = read(n), time.time(), cpu_times()
     next_at, flushed = time.monotonic() + interval_s, time.monotonic()
     with open(out, "w") as f:
         while True:
             time.sleep(max(0.0, next_at - time.monotonic()))
             next_at += interval_s
-            now, t = read(n), time.time()
+            now, t, cpu = read(n), time.time(), cpu_times()
             up = [a - b for a, b in zip(now[0], last[0])]
             down = [a - b for a, b in zip(now[1], last[1])]
-            f.write(json.dumps({"time": round(t, 4), "dt": round(t - t_last, 5), "up": up, "down": down}) + "\n")
-            last, t_last = now, t
+            util = utilisation(cpu_last, cpu)
+            f.write(json.dumps({"time": round(t, 4), "dt": round(t - t_last, 5), "up": up, "down": down,
+                                "cpu": None if util is None else round(util, 4)}) + "\n")
+            last, t_last, cpu_last = now, t, cpu
             if stop or os.getppid() != parent:
                 break
             if time.monotonic() - flushed > FLUSH_EVERY_S:
@@ -105,6 +114,22 @@ def check(path: Path, kernel: list[tuple[int, int]], cpu_file: Path | None = Non
             "links_worst_host_error": worst,
             "links_sampler_cpu_s": float(Path(cpu_file).read_text()) if cpu_file and Path(cpu_file).is_file()
             else None}
+
+
+def comm_cpu(rows: list[dict], rates_bps: list[float], start: float, end: float) -> float | None:
+    """The machine's CPU utilisation over the samples between ``start`` and ``end`` (wall clock) in which
+    some host's link carried at least ``BUSY_LINK`` of its rate (``rates_bps``, per host) in either
+    direction, weighted by their lengths: ``cpu_util_comm``. None where the samples carry no CPU (an older
+    file) or such intervals add up to less than ``MIN_BUSY_S``."""
+    busy_s = cpu_s = 0.0
+    for r in rows:
+        if not (start < r["time"] <= end) or r.get("cpu") is None or r["dt"] <= 0:
+            continue
+        load = max(max(u, d) * 8 / r["dt"] / rate for u, d, rate in zip(r["up"], r["down"], rates_bps))
+        if load >= BUSY_LINK:
+            busy_s += r["dt"]
+            cpu_s += r["cpu"] * r["dt"]
+    return cpu_s / busy_s if busy_s >= MIN_BUSY_S else None
 
 
 def main(argv: list[str] | None = None) -> int:
