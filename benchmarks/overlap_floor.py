@@ -1,7 +1,7 @@
 """The floor of an overlapped PS step on this machine, beside psring's own run of the same point, alternating.
 
     python benchmarks/overlap_floor.py [--workers 4] [--servers 4] [--rate 1gbit] [--compute-ms 374]
-        [--modes backward,full] [--repeats 3] [--out results/overlap_floor]          (root)
+        [--modes backward,full] [--repeats 3] [--link-cc cubic] [--out results/overlap_floor]          (root)
 
 For each repeat and ``--overlap`` mode, one after the other: psring's PS run (``psring train --sync ps --net
 emulated``, ResNet-18 at batch 16 as ``results/overlap`` ran it, every default schedule, told the rate), then
@@ -56,11 +56,13 @@ START_DELAY_S = 3.0  # workers import numpy and zmq and connect before the commo
 
 
 def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: int, compute_s: float, mode: str,
-              steps: int, warmup: int, scratch: Path, bsp: bool = False) -> dict:
-    """One floor run on a fresh emulated network; its step p50 (each step the workers' mean) and CPU."""
+              steps: int, warmup: int, scratch: Path, bsp: bool = False, cc: str = "") -> dict:
+    """One floor run on a fresh emulated network; its step p50 (each step the workers' mean), CPU, and the
+    TCP congestion control its hosts ran."""
     kids, samples, nbytes = Children(), [], sum(sizes)
     try:
-        with EmulatedNetwork(n + s, rate) as net:
+        with EmulatedNetwork(n + s, rate, cc=cc) as net:
+            cc = net.cc
             specs = [(f"echo {i}", net.exec_prefix(n + i) + [
                 sys.executable, "-m", "psring.bench.echo", "--port-file", str(scratch / f"echo{i}.addr"),
                 "--bind", net.hosts[n + i].addr, "--update-bytes", str(math.ceil(nbytes / s)), "--bsp", str(n if bsp else 0),
@@ -90,19 +92,19 @@ def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: 
     per_step = [max(st[t + 1] - st[t] for st in starts) for t in range(warmup, steps)]
     t0, t1 = min(st[warmup] for st in starts), max(st[steps] for st in starts)
     near = lambda t: min(samples, key=lambda x: abs(x[0] - t))[1]  # noqa: E731
-    return {"step_s_p50": statistics.median(per_step), "cpu_util": utilisation(near(t0), near(t1))}
+    return {"step_s_p50": statistics.median(per_step), "cpu_util": utilisation(near(t0), near(t1)), "link_cc": cc}
 
 
 def psring_run(n: int, s: int, rate: str, model: str, compute_ms: int, mode: str, steps: int, warmup: int,
-               out: Path, bucket_mb: float | None = None) -> dict:
+               out: Path, bucket_mb: float | None = None, cc: str = "") -> dict:
     """psring's PS at the point, as ``results/overlap`` ran it (batch 16); ``bucket_mb``: a chunk cap."""
     cfg = TrainConfig(sync="ps", workers=n, servers=s, model=model, batch_size=16, net="emulated", link_rate=rate,
                       compute=f"emulated:{compute_ms}", overlap=mode, steps=steps, warmup=warmup, out=str(out),
-                      **({"bucket_mb": bucket_mb} if bucket_mb else {}))
+                      link_cc=cc, **({"bucket_mb": bucket_mb} if bucket_mb else {}))
     summ = launch(cfg, echo=False, overwrite=True)
     row = {**flat_config(TrainConfig.from_dict(load_config(out))), **summ}  # as runs.csv has a run
     return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"), "chunk_bytes": summ["chunk_bytes"],
-            "row": row}
+            "link_cc": summ.get("link_cc"), "row": row}
 
 
 def bound_at(row: dict, nbytes: int, chunk: int) -> float:
@@ -123,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--link-cc", default="", help="TCP congestion control on every host (default: the machine's)")
     ap.add_argument("--out", default="results/overlap_floor")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -140,27 +143,28 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(kind: str, mode: str, rep: int, chunk: int, r: dict, bound: float) -> None:
         rows.append({"kind": kind, "mode": mode, "repeat": rep, "chunk_bytes": chunk, "credits": credits,
-                     "step_s_p50": r["step_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"]})
+                     "step_s_p50": r["step_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"],
+                     "link_cc": r["link_cc"]})
         print(f"rep {rep} {mode:8} {kind:6} chunk {chunk:>8}: {r['step_s_p50']:.3f} s "
               f"({r['step_s_p50'] / bound:.3f}x), cpu {r['cpu_util']:.2f}", flush=True)
 
     for rep in range(a.repeats):
         for mode in modes:
             r = psring_run(n, s, a.rate, a.model, a.compute_ms, mode, a.steps, a.warmup,
-                           out / "runs" / f"psring_{mode}_{rep}")
+                           out / "runs" / f"psring_{mode}_{rep}", cc=a.link_cc)
             record("psring", mode, rep, int(r["chunk_bytes"]), r, bound_at(r["row"], nbytes, int(r["chunk_bytes"])))
             own = int(r["chunk_bytes"])
             for kind, chunk in [("echo", own), *(("bsp", c) for c in [own, *(c for c in ladder if c != own)])]:
                 scratch = Path(tempfile.mkdtemp(prefix="psring-floor-"))  # kept where a run fails: its logs
                 f = floor_run(n, s, a.rate, sizes, chunk, credits, compute_s, mode, a.steps, a.warmup, scratch,
-                              bsp=kind == "bsp")
+                              bsp=kind == "bsp", cc=a.link_cc)
                 shutil.rmtree(scratch)
                 record(kind, mode, rep, chunk, f, bound_at(r["row"], nbytes, chunk))
     df = pd.DataFrame(rows)
     df.to_csv(out / "overlap_floor.csv", index=False)
     summary = {"machine": platform.processor() or platform.machine(), "workers": n, "servers": s, "rate": a.rate,
                "model": a.model, "compute_s": compute_s, "credits": credits, "repeats": a.repeats,
-               "minutes": round((time.time() - t_start) / 60, 1)}
+               "minutes": round((time.time() - t_start) / 60, 1), "link_cc": sorted(set(df["link_cc"].dropna()))}
     for mode in modes:
         m = df[df["mode"] == mode]
         own = m[m.kind == "psring"]

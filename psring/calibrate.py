@@ -31,6 +31,7 @@ from .bench.runner import parse_size, size_range
 from .costmodel import Link, save_calibration
 from .launch.children import Children
 from .launch.launcher import start_listeners
+from .net import tcp
 
 DEFAULT_SIZES = size_range(64, 16 << 20, 4)  # 64 B, 256 B, ..., 4 MB, 16 MB
 
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     _, r2 = fit_link([r["size_bytes"] for r in table], [r["one_way_s"] for r in table], a.fit)
     meta = {"r2": r2, "fit": a.fit, "fitted_from": table, "frame_bytes": a.frame_bytes,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "host": socket.gethostname(), "platform": platform.platform(),
+            "host": socket.gethostname(), "platform": platform.platform(), "link_cc": tcp.here(),
             "command": shlex.join([sys.executable, "-m", "psring.calibrate", *argv])}
     save_calibration(link, out / "calibration.json", meta)
     print(summary(link, table, r2))

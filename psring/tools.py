@@ -18,13 +18,15 @@ def cmd_calibrate(a) -> int:
     if a.net == "loopback":
         from .calibrate import main as calibrate_main
 
+        if a.link_cc:
+            raise ConfigError("--link-cc needs --net emulated (loopback runs under the machine's own)")
         return calibrate_main(args)
     if a.net != "emulated":
         raise ConfigError(f"--net must be loopback or emulated, got {a.net!r}")
     from .net import EmulatedNetwork, check_available
 
     check_available()  # NetError (a ConfigError): one line, exit 2
-    net = EmulatedNetwork(2, a.link_rate).open()
+    net = EmulatedNetwork(2, a.link_rate, cc=a.link_cc).open()
     try:  # the client runs on host 0, the echo server on host 1: every byte crosses both links
         argv = net.exec_prefix(0) + [sys.executable, "-m", "psring.calibrate", *args,
                                      "--prefix", shlex.join(net.exec_prefix(1)), "--address",
@@ -69,6 +71,8 @@ def add_tool_parsers(sub) -> None:
     c.add_argument("--out", default="results/calibration", help="directory for calibration.json")
     c.add_argument("--net", default="loopback", help="loopback (default) | emulated (one rate-limited link)")
     c.add_argument("--link-rate", default="1gbit", help="--net emulated: the link's rate (default %(default)s)")
+    c.add_argument("--link-cc", default="", help="--net emulated: the hosts' TCP congestion control, e.g. cubic "
+                   "(default: the machine's; calibration.json's link_cc says which one ran)")
     c.add_argument("--sizes", help="comma-separated message sizes (default 64 B to 16 MB by x4)")
     c.add_argument("--repeats", type=int, default=30, help="round trips per size (median taken)")
     c.set_defaults(func=cmd_calibrate)

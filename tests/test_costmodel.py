@@ -10,6 +10,7 @@ import pytest
 from conftest import kill_mentioning, processes_mentioning
 
 from psring import calibrate as cal
+from psring.net import tcp
 from psring import costmodel as cm
 from psring import topology
 from psring.costmodel import Link
@@ -200,6 +201,7 @@ def test_main_with_prefix_writes_json(tmp_path, capsys):
     data = json.loads((tmp_path / "calibration.json").read_text())
     assert cm.load_calibration(tmp_path / "calibration.json") == Link(data["alpha_s"], data["bandwidth_Bps"])
     assert {"date", "host", "command", "r2", "fitted_from"} <= set(data)
+    assert data["link_cc"] == tcp.here() != ""  # TCP's congestion control where the client ran
     assert len(data["fitted_from"]) == 3
     assert capsys.readouterr().out.startswith("alpha ")
 

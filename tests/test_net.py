@@ -242,6 +242,19 @@ def test_every_host_runs_the_congestion_control_asked_for_and_says_which(tmp_pat
 
 
 @needs_net
+def test_calibrate_over_an_emulated_link_records_its_congestion_control(tmp_path):
+    cc = next(c for c in tcp.offered() if c != tcp.here())  # not the one a namespace would get anyway
+    r = subprocess.run([sys.executable, "-m", "psring", "calibrate", "--net", "emulated", "--link-cc", cc,
+                        "--sizes", "64,64K", "--repeats", "3", "--out", str(tmp_path)], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "calibration.json").read_text())["link_cc"] == cc
+    r = subprocess.run([sys.executable, "-m", "psring", "calibrate", "--link-cc", cc, "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--net emulated" in r.stderr, r.stderr
+
+
+@needs_net
 def test_two_runs_coexist():
     with EmulatedNetwork(2, "100mbit") as a, EmulatedNetwork(2, "100mbit") as b:
         assert a.prefix != b.prefix and set(our_namespaces(a.prefix)) == set(a.names)

@@ -31,6 +31,14 @@ def unknown(cc: str) -> str | None:
     return None
 
 
+def here() -> str:
+    """The congestion control of the namespace this process runs in ("" if it cannot be read)."""
+    try:
+        return Path(FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
 def set_command(ip: str, netns: str, cc: str) -> list[str]:
     """The command that makes ``cc`` the congestion control of namespace ``netns``."""
     return [ip, "netns", "exec", netns, "sh", "-c", f'echo "$0" > {FILE}', cc]
