@@ -83,7 +83,8 @@ def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_
     assert {e["ph"] for e in trace} >= {"C", "i"}, "link counter tracks and readiness marks"
     from psring.plot.links import figure_links
 
-    assert figure_links(out) is not None
+    fig = figure_links(out)  # both directions' heatmaps, their colour bar, and the CPU over the same bins
+    assert len(fig.axes) == 4 and fig.axes[2].get_ylabel() == "CPU", [a.get_ylabel() for a in fig.axes]
 
 
 @needs_net

@@ -2,6 +2,7 @@
 READMEs claim is what their runs.csv hold."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -221,3 +222,64 @@ def test_overlap_floor_claims():
         assert abs(s["psring_over_bound"] - med[("psring", own)]) < 1e-9
         assert abs(s["psring_over_bsp"] - (pairs["psring"] / pairs["bsp"]).median()) < 1e-9
         assert s["bsp_best_chunk_bytes"] == med.loc["bsp"].idxmin()
+
+
+def test_overlap_cpu_claims():
+    """results/overlap_cpu's README: the CPU while the links carry traffic (``cpu_util_comm``), recomputed from the
+    committed link samples, puts the PS at N = 4 just under the flag and the reduce family at half the cores;
+    the PS at N = 8 is CPU-saturated."""
+    from psring.config import TrainConfig
+    from psring.metrics.jsonl import read_jsonl
+    from psring.metrics.summary import timed_window
+    from psring.net import links
+    from psring.plot.links import host_rates
+
+    df = table("overlap_cpu")
+    assert (df["status"] == "ok").all() and len(df) == 12 and df["cpu_util_comm"].notna().all()
+    recomputed = 0
+    for run in sorted((RESULTS / "overlap_cpu" / "runs").glob("*overlap-*")):
+        if not (run / links.FILE).is_file():
+            continue
+        s = json.loads((run / "summary.json").read_text())
+        cfg = TrainConfig.load(run / "config.json")
+        rows, window = links.load(run / links.FILE), timed_window(read_jsonl(run / "steps.jsonl"), cfg.warmup)
+        rates = [8 * r for r in host_rates(cfg)]
+        assert links.comm_cpu(rows, rates, *window) == pytest.approx(s["cpu_util_comm"], abs=1e-9), run.name
+        recomputed += 1
+    assert recomputed == 6  # the N = 4 runs keep their samples
+    n4, n8 = at(df, workers=4), at(df, workers=8)
+    ps4 = at(n4, sync="ps")
+    assert ps4["cpu_util_comm"].between(0.85, 0.90).all() and not ps4["cpu_saturated"].astype(bool).any()
+    assert (ps4["step_over_bound"] > 1.10).all()
+    reduce4 = n4[n4["sync"] != "ps"]
+    assert (reduce4["cpu_util_comm"] < 0.6).all() and (reduce4["step_over_bound"] < 1.10).all()
+    assert at(n8, sync="ps")["cpu_saturated"].astype(bool).all()
+    assert (at(n8, sync="ps")["cpu_util_comm"] > 0.95).all()
+    # bin by bin (100 ms): while some link runs at half its rate or more, the PS's cores are as full as its links
+    ps = busy_bins(RESULTS / "overlap_cpu" / "runs" / "sync-ps_workers-4_servers-4_compute-emulated:374_overlap-full")
+    ar = busy_bins(RESULTS / "overlap_cpu" / "runs" /
+                   "sync-allreduce_workers-4_servers-1_compute-emulated:561_overlap-full")
+    assert ps["cpu"] > 0.9 and ar["cpu"] < 0.6 and ps["link"] > 0.9 and ar["link"] > 0.9, (ps, ar)
+
+
+def busy_bins(run: Path, bin_s: float = 0.1) -> dict:
+    """Over a run's timed steps in ``bin_s`` bins: the medians, over the bins in which some host's link ran at
+    half its rate or more, of the machine's CPU and of each host's busier direction (averaged over hosts)."""
+    import numpy as np
+
+    from psring.metrics.jsonl import read_jsonl
+    from psring.metrics.summary import timed_window
+    from psring.net import links
+
+    start, end = timed_window(read_jsonl(run / "steps.jsonl"), 4)
+    rows = [r for r in links.load(run / links.FILE) if start < r["time"] <= end]
+    idx = [int((r["time"] - rows[0]["time"]) / bin_s) for r in rows]
+    n, hosts = idx[-1] + 1, len(rows[0]["up"])
+    moved, cpu, dt = np.zeros((n, hosts)), np.zeros(n), np.zeros(n)
+    for i, r in zip(idx, rows):
+        moved[i] += np.maximum(r["up"], r["down"])
+        cpu[i] += r["cpu"] * r["dt"]
+        dt[i] += r["dt"]
+    util = moved / (125e6 * dt[:, None])  # 1 Gbit
+    busy = util.max(axis=1) >= 0.5
+    return {"cpu": float(np.median(cpu[busy] / dt[busy])), "link": float(np.median(util[busy].mean(axis=1)))}

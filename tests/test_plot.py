@@ -56,13 +56,15 @@ EXPECTED = {
     "scale_codecs": {"scale_codecs"},  # and nothing the codec sweeps of one machine draw (compression)
     "scale_overlap_ring": {"scale_overlap"},
     "overlap_floor": {"overlap_floor"},  # psring beside raw floors of its schedule (benchmarks/overlap_floor.py)
+    "overlap_cpu": {"links_sync-ps_workers-4_servers-4_compute-emulated:374_overlap-full",  # with the CPU strip
+                    "links_sync-allreduce_workers-4_servers-1_compute-emulated:561_overlap-full"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",
                          "links_sync-allreduce_workers-4_servers-1"},
 }
 # Folders whose figure types all write SVG elsewhere (test_ring_steps, test_ps_step, test_svg_of_links_and_compare,
 # and the other folders' timelines, speedup and breakdown): PNG only, for the suite's time
 PNG_ONLY = {"visible", "compare_emulated", "overlap", "overlap_ps8", "overlap_chunks", "overlap_n8_1gbit", "scale",
-            "gpu"}
+            "gpu", "overlap_cpu"}
 # Animations beside their figures (the rest of a folder's figures are PNG and SVG only)
 GIFS = {"visible": {"ring_steps_sync-ring_workers-4_servers-1_straggler-None",
                     "ps_step_sync-ps_workers-4_servers-4_straggler-None"}}
@@ -121,7 +123,9 @@ def test_svg_of_links_and_compare(tmp_path):
     from psring.plot.links import figure_links
 
     runs = ROOT / "results" / "compare_emulated"
-    paths = save(figure_links(runs / "runs" / "sync-ps_workers-2_servers-1"), tmp_path, "links", ("svg",))
+    fig = figure_links(runs / "runs" / "sync-ps_workers-2_servers-1")
+    assert len(fig.axes) == 3  # samples from before the sampler read the CPU: the two heatmaps and their bar
+    paths = save(fig, tmp_path, "links", ("svg",))
     paths += save(figure_compare(with_bounds(pd.read_csv(runs / "runs.csv"))), tmp_path, "compare", ("svg",))
     for p in paths:
         text = p.read_text()

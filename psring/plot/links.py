@@ -4,7 +4,9 @@
 Each cell is the bytes a host's link carried in one sample interval over what its rate allows in that
 interval (1 = saturated). With one PS server the server's download is saturated while every worker's
 link idles half the step; with a ring every link carries the same share at once; with S = N servers
-the load spreads over every server's link. Dashed lines: the ends of rank 0's steps.
+the load spreads over every server's link. Dashed lines: the ends of rank 0's steps. Below, where the
+samples carry it (``cpu``), the machine's CPU over the same bins: on 2 shared cores the links can only be as
+busy as the processes that feed them, and a CPU at the top while the links run says who sets the pace.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import pandas as pd
 
 from ..config import TrainConfig
 from ..launch.placement import host_labels, server_host
+from ..metrics.cpu import SATURATED
 from ..metrics.jsonl import read_jsonl
 from ..net import links, parse_rate
 from ..strategies import uses_servers
@@ -89,8 +92,11 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
     t0 = start if np.isfinite(start) else df["time"].min() - df["dt"].iloc[0]
     t1 = end if np.isfinite(end) else df["time"].max()
     bins = int(np.ceil((t1 - t0) / bin_s))
-    fig, axes = new_figure(9, 1.2 + 0.42 * len(labels) * 2, nrows=2, sharex=True)
-    for ax, (direction, title) in zip(axes[:, 0], DIRECTIONS):
+    cpu = cpu_bins(run_dir, t0, t1, bin_s, bins)
+    panels = [len(labels), len(labels)] + ([max(1.5, len(labels) / 3)] if cpu is not None else [])
+    fig, axes = new_figure(9, 1.2 + 0.42 * sum(panels), nrows=len(panels), sharex=True,
+                           gridspec_kw={"height_ratios": panels})
+    for ax, (direction, title) in zip(axes[:2, 0], DIRECTIONS):
         grid = np.zeros((len(labels), bins))
         d = df[df["direction"] == direction]
         idx = np.clip(((d["time"] - t0) // bin_s).astype(int).to_numpy(), 0, bins - 1)
@@ -105,11 +111,40 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
         for e in ends:
             ax.axvline(e - t0, color="white", lw=0.8, ls="--")
         ax.set_title(title, fontsize=10, loc="left")
+    if cpu is not None:
+        draw_cpu(axes[2, 0], cpu, bin_s, ends, t0)
     axes[-1, 0].set_xlim(0, t1 - t0)
     axes[-1, 0].set_xlabel("time (s)")
-    fig.colorbar(mesh, ax=axes[:, 0], label="link utilisation (bytes / rate · time)", shrink=0.9)
+    fig.colorbar(mesh, ax=axes[:2, 0], label="link utilisation (bytes / rate · time)", shrink=0.9)
     servers = f", S={cfg.servers}" if uses_servers(cfg.sync) else ""
     fig.suptitle(f"{cfg.sync} N={cfg.workers}{servers}: every link at {cfg.link_rate}, sampled every "
                  f"{1e3 * df['dt'].median():.0f} ms, drawn in {1e3 * bin_s:.0f} ms bins "
                  f"({len(ends)} steps; dashed: step ends)", fontsize=10)
     return fig
+
+
+def cpu_bins(run_dir: Path, t0: float, t1: float, bin_s: float, bins: int) -> np.ndarray | None:
+    """The machine's CPU utilisation per drawn bin (the samples' ``cpu``, weighted by their lengths); None
+    where the samples carry none (files written before the sampler read it)."""
+    got = [(s["time"], s["dt"], s["cpu"]) for s in links.load(Path(run_dir) / links.FILE)
+           if t0 <= s["time"] <= t1 and s["dt"] > 0 and s.get("cpu") is not None]
+    if not got:
+        return None
+    t, dt, u = (np.array(x, dtype=float) for x in zip(*got))
+    idx = np.clip(((t - t0) // bin_s).astype(int), 0, bins - 1)
+    busy, seen = np.zeros(bins), np.zeros(bins)
+    np.add.at(busy, idx, u * dt)
+    np.add.at(seen, idx, dt)
+    return busy / np.where(seen > 0, seen, np.nan)
+
+
+def draw_cpu(ax, cpu: np.ndarray, bin_s: float, ends: list[float], t0: float) -> None:
+    x = np.arange(len(cpu) + 1) * bin_s
+    ax.stairs(cpu, x, fill=True, color="tab:gray", alpha=0.6)
+    ax.axhline(SATURATED, color="tab:red", lw=0.8, ls=":")
+    for e in ends:
+        ax.axvline(e - t0, color="0.3", lw=0.8, ls="--")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("CPU")
+    ax.set_title(f"the machine's CPU (all cores), over the same bins (dotted: {SATURATED:.0%}, CPU-saturated)",
+                 fontsize=10, loc="left")
