@@ -1,7 +1,9 @@
 """How far the PS's fluid replay (``simulate/vector_ps.py``, which ``results/scale`` uses at every N) sits from
 the flow replay it stands in for, at the sizes both can run: N = 8, 16, 32 workers, S = N/4 and N servers,
 10/25/100 Gbit/s, alpha 20 and 205 us, ResNet-50's gradients, 100 ms of compute (``results/scale``'s
-settings), no jitter. Writes ``results/simulate/fluid_check.csv`` (step and sync time of both, their ratios)::
+settings), no jitter. Writes ``results/simulate/fluid_check.csv`` (step and sync time of both, their ratios; and
+the step of ``vector_async.AsyncPS`` under BSP, the fluid of drifting workers ``psring simulate`` takes for SSP and
+ASP, beside them: ``drifting_step_s``, ``drifting_ratio``)::
 
     python benchmarks/fluid_check.py [--out results/simulate]
 """
@@ -16,6 +18,7 @@ import pandas as pd
 
 from psring.config import TrainConfig
 from psring.simulate.run import simulate
+from psring.simulate.vector_async import async_summary
 
 
 def check(n: int, s: int, rate: str, alpha_us: float, scratch: Path) -> dict:
@@ -24,11 +27,13 @@ def check(n: int, s: int, rate: str, alpha_us: float, scratch: Path) -> dict:
                       num_samples=65536).validate()
     fluid = simulate(cfg, scratch / "fluid", alpha_us=alpha_us)
     flows = simulate(cfg, scratch / "flows", alpha_us=alpha_us, flows=True)
+    drifting = async_summary(cfg, "none", alpha_us * 1e-6)["step_s_p50"]
     return {"workers": n, "servers": s, "link_rate": rate, "alpha_us": alpha_us,
             "flow_step_s": flows["step_s_p50"], "fluid_step_s": fluid["step_s_p50"],
             "step_ratio": fluid["step_s_p50"] / flows["step_s_p50"],
             "flow_sync_s": flows["sync_s_p50"], "fluid_sync_s": fluid["sync_s_p50"],
-            "sync_ratio": fluid["sync_s_p50"] / flows["sync_s_p50"]}
+            "sync_ratio": fluid["sync_s_p50"] / flows["sync_s_p50"],
+            "drifting_step_s": drifting, "drifting_ratio": drifting / flows["step_s_p50"]}
 
 
 def main() -> int:
@@ -42,7 +47,7 @@ def main() -> int:
             rows.append(check(n, n // 4 if quarter else n, rate, alpha, Path(tmp)))
             r = rows[-1]
             print(f"N={n:<3} S={r['servers']:<3} {rate:>7} alpha {alpha:>5.0f}: step x{r['step_ratio']:.3f} "
-                  f"sync x{r['sync_ratio']:.3f}", flush=True)
+                  f"sync x{r['sync_ratio']:.3f}, drifting fluid x{r['drifting_ratio']:.3f}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "fluid_check.csv", index=False)

@@ -97,6 +97,9 @@ def test_the_fluid_error_the_readmes_state():
     assert s_n[s_n["link_rate"] == "100gbit"]["step_ratio"].between(0.95, 0.96).all()
     assert quarter["step_ratio"].between(1.0, 1.20).all() and quarter["step_ratio"].max() > 1.15
     assert quarter["sync_ratio"].max() <= 1.28
+    # the drifting fluid (AsyncPS) under BSP: closer at S = N/4, 6-10% fast at S = N
+    assert quarter["drifting_ratio"].between(0.94, 0.995).all()
+    assert s_n["drifting_ratio"].between(0.89, 0.945).all()
 
 
 def test_where_the_ps_leads_by_less_than_the_fluid_flatters_it(raw):
