@@ -29,8 +29,8 @@ def test_the_ps_fluid_steps_as_the_flow_replay(tmp_path, kw, jitter):
     window). Past that, with one credit per server and several chunks each, it strays further (the flow
     replay's server answers its workers one after the other, the fluid all at once): benchmarks/fluid_check.py
     measures by how much (results/simulate/fluid_check.csv, read back by tests/test_scale_results.py)."""
-    cfg = _cfg(**kw)
-    assert type(vector_of(cfg, 205e-6)).__name__ == "VectorPS"
+    cfg = _cfg(**kw)  # S = N or 1: VectorPS; 1 < S < N: the drifting fluid (run.vector_of)
+    assert type(vector_of(cfg, 205e-6)).__name__ == ("AsyncPS" if 1 < cfg.servers < cfg.workers else "VectorPS")
     fast, flows = _both(tmp_path, cfg, jitter)
     assert fast["step_s_p50"] == pytest.approx(flows["step_s_p50"], rel=0.03)
     assert fast["sync_s_p50"] == pytest.approx(flows["sync_s_p50"], rel=0.05)

@@ -174,7 +174,7 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
         raise ConfigError("the flow replay has no hierarchical overlap: its numpy replay is the only one")
     from .vector_async import AsyncPS, async_records
 
-    if isinstance(vector, AsyncPS):  # SSP and ASP: each worker its own steps
+    if isinstance(vector, AsyncPS):  # SSP, ASP, BSP with 1 < S < N: each worker its own steps
         records = async_records(cfg, compute, vector)
     elif vector is not None:
         records = vector_records(cfg, compute, vector)
@@ -204,8 +204,9 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
     inside a host free (``vector.VectorRing``, exact), in a codec's bytes too (fp16/bf16 reduced in 2 bytes, the
     sparse and 1-bit encodings all-gathered over every rank, hierarchical's as well: ``codec_bytes``);
     hierarchical without a codec (``vector.VectorHierarchy``: its rings as one over the hosts); the PS without a
-    codec, with dedicated servers, one worker per host and no tbf burst: BSP ``vector_ps.VectorPS``, SSP and ASP
-    ``vector_async.AsyncPS`` (fluids); else None (the flow network)."""
+    codec, with dedicated servers, one worker per host and no tbf burst: BSP with S = 1 or S >= N
+    ``vector_ps.VectorPS``, SSP, ASP and BSP with 1 < S < N ``vector_async.AsyncPS`` (fluids); else None (the flow
+    network)."""
     from ..compress.codecs import parse
     from ..topology import colocated_servers
     from .codec_bytes import gathered_rounds
@@ -233,7 +234,10 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
 
         ring = VectorRing(hosts, bucket_numels(cfg, layout), layout[0].dtype.itemsize, rate, alpha_s, burst)
         return VectorHierarchy(hosts, cfg.per_host, ring)
-    if cfg.consistency != "bsp":  # workers drift apart: each its own point on the step's bytes
+    if cfg.consistency != "bsp" or 1 < cfg.servers < cfg.workers:
+        # workers drift apart (SSP, ASP), or (BSP) a server with several workers answers them in turn: each worker
+        # its own point on the step's bytes (within 0.94-0.99 of the flow replay at S = N/4, where VectorPS's
+        # replies all at once read 1.01-1.20: results/simulate/fluid_check.csv; at S = 1 it costs minutes a run)
         from .vector_async import async_of
 
         return async_of(cfg, alpha_s)

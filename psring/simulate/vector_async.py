@@ -114,8 +114,9 @@ class AsyncPS:
 
 
 def async_of(cfg, alpha_s: float) -> AsyncPS:
-    """The run's fluid from the PS's own plan (``plans.ps_plan``) and links, whatever its consistency (BSP too:
-    ``psring simulate`` gives BSP ``vector_ps.VectorPS``; ``benchmarks/async_check.py`` compares the two)."""
+    """The run's fluid from the PS's own plan (``plans.ps_plan``) and links, whatever its consistency (``psring
+    simulate`` gives BSP this fluid where 1 < S < N and ``vector_ps.VectorPS`` at S = 1 and S = N;
+    ``benchmarks/async_check.py`` and ``fluid_check.py`` compare the two)."""
     from .plans import layout_of, link_Bps, ps_plan
 
     chunks, window = ps_plan(cfg, layout_of(cfg))
