@@ -1,12 +1,14 @@
-"""How far the PS's fluid of drifting workers (``simulate/vector_async.py``: SSP and ASP in ``psring simulate``)
+"""How far the PS's fluid of drifting workers (``simulate/vector_async.py``: SSP, ASP, and BSP with 1 < S < N in
+``psring simulate``)
 sits from the flow replay it stands in for, at the sizes both run in seconds: N = 8, 16, 32 workers, S = N/4,
 25 Gbit/s, alpha 20 us, ResNet-50's gradients, 100 ms of compute with lognormal jitter of 5% and 20%
 (``results/scale_consistency``'s settings), under BSP, SSP (k = 2) and ASP. BSP's row also gives
-``vector_ps.VectorPS``, the fluid ``psring simulate`` takes for BSP. Writes ``results/simulate/async_check.csv``
+``vector_ps.VectorPS``, the lockstep fluid ``psring simulate`` took for BSP here before 2026-12-05 (it keeps it
+for S = 1 and S = N). Writes ``results/simulate/async_check.csv``
 (every worker at its own pace: ``worker_samples_per_s`` of each, and their ratios to the flow replay's).
 
-With ``--bsp-scale``, instead: BSP on the drifting fluid at ``results/scale_consistency``'s every N (8-1,024)
-and jitter, beside that folder's BSP rows (VectorPS), into ``scale_consistency/bsp_drifting.csv``::
+With ``--bsp-scale``, instead: BSP on both fluids at ``results/scale_consistency``'s every N (8-1,024) and
+jitter (the drifting one is what that folder's BSP rows now hold), into ``scale_consistency/bsp_drifting.csv``::
 
     python benchmarks/async_check.py [--out results/simulate]
     python benchmarks/async_check.py --bsp-scale [--out results/scale_consistency]
@@ -23,11 +25,18 @@ import pandas as pd
 from psring.config import TrainConfig
 from psring.simulate.run import simulate
 from psring.simulate.vector_async import async_summary
+from psring.simulate.vector_ps import lockstep_summary
 
 
 def drifting_fluid(cfg: TrainConfig, jitter: str) -> float:
-    """``worker_samples_per_s`` of ``AsyncPS`` on ``cfg`` (for BSP, which ``psring simulate`` gives VectorPS)."""
+    """``worker_samples_per_s`` of ``AsyncPS`` on ``cfg``."""
     return async_summary(cfg, jitter, 20e-6)["worker_samples_per_s"]
+
+
+def lockstep_fluid(cfg: TrainConfig, jitter: str) -> float:
+    """``worker_samples_per_s`` of ``VectorPS`` on ``cfg`` (what ``psring simulate`` took for BSP at S = N/4 before
+    2026-12-05; now it takes ``AsyncPS`` there)."""
+    return lockstep_summary(cfg, jitter, 20e-6)["worker_samples_per_s"]
 
 
 def cfg_of(n: int, consistency: str) -> TrainConfig:
@@ -40,10 +49,10 @@ def cfg_of(n: int, consistency: str) -> TrainConfig:
 def bsp_scale(out: Path) -> int:
     runs = pd.read_csv(out / "runs.csv")
     rows = []
-    for (n, jitter), row in runs[(runs["consistency"] == "bsp") & (runs["workers"] > 1)].groupby(["workers", "jitter"]):
-        rows.append({"workers": n, "servers": n // 4, "jitter": jitter,
-                     "vector_ps": float(row["worker_samples_per_s"].iloc[0]),
-                     "async_fluid": drifting_fluid(cfg_of(int(n), "bsp"), jitter)})
+    for (n, jitter), _ in runs[(runs["consistency"] == "bsp") & (runs["workers"] > 1)].groupby(["workers", "jitter"]):
+        cfg = cfg_of(int(n), "bsp")
+        rows.append({"workers": n, "servers": n // 4, "jitter": jitter, "vector_ps": lockstep_fluid(cfg, jitter),
+                     "async_fluid": drifting_fluid(cfg, jitter)})
         print(f"N={n:<5} {jitter:>15}: BSP on the drifting fluid x{rows[-1]['async_fluid'] / rows[-1]['vector_ps']:.3f} "
               f"VectorPS's", flush=True)
     pd.DataFrame(rows).to_csv(out / "bsp_drifting.csv", index=False)
@@ -57,7 +66,7 @@ def one(n: int, jitter: str, consistency: str, scratch: Path) -> dict:
            "async_fluid": drifting_fluid(cfg, jitter)}
     row["async_ratio"] = row["async_fluid"] / flows
     if consistency == "bsp":
-        row["vector_ps"] = simulate(cfg, scratch / "fluid", jitter, 20.0)["worker_samples_per_s"]
+        row["vector_ps"] = lockstep_fluid(cfg, jitter)
         row["vector_ps_ratio"] = row["vector_ps"] / flows
     return row
 

@@ -1,4 +1,4 @@
-"""How far the PS's fluid replay (``simulate/vector_ps.py``, which ``results/scale`` uses at every N) sits from
+"""How far the PS's lockstep fluid (``simulate/vector_ps.py``, which ``results/scale`` uses at S = N and S = 1) sits from
 the flow replay it stands in for, at the sizes both can run: N = 8, 16, 32 workers, S = N/4 and N servers,
 10/25/100 Gbit/s, alpha 20 and 205 us, ResNet-50's gradients, 100 ms of compute (``results/scale``'s
 settings), no jitter. Writes ``results/simulate/fluid_check.csv`` (step and sync time of both, their ratios; and
@@ -19,13 +19,14 @@ import pandas as pd
 from psring.config import TrainConfig
 from psring.simulate.run import simulate
 from psring.simulate.vector_async import async_summary
+from psring.simulate.vector_ps import lockstep_summary
 
 
 def check(n: int, s: int, rate: str, alpha_us: float, scratch: Path) -> dict:
     cfg = TrainConfig(sync="ps", workers=n, servers=s, model="resnet50", net="emulated", link_rate=rate,
                       compute="emulated:100", overlap="none", link_burst="0kb", steps=4, warmup=1, batch_size=32,
                       num_samples=65536).validate()
-    fluid = simulate(cfg, scratch / "fluid", alpha_us=alpha_us)
+    fluid = lockstep_summary(cfg, "none", alpha_us * 1e-6)  # at every S (psring simulate: S = 1 and S = N only)
     flows = simulate(cfg, scratch / "flows", alpha_us=alpha_us, flows=True)
     drifting = async_summary(cfg, "none", alpha_us * 1e-6)["step_s_p50"]
     return {"workers": n, "servers": s, "link_rate": rate, "alpha_us": alpha_us,

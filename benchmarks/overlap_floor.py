@@ -18,7 +18,7 @@ schedule and as many credits as psring's) against ``psring.bench.echo`` servers:
 
 ``paced``'s docstring lists what the floors leave out. Writes OUT/overlap_floor.csv (one row per run: kind,
 mode, repeat, chunk, step p50 (each step its slowest worker's, as psring's summary has it), the bound of its mode, CPU utilisation over the
-timed steps) and OUT/summary.json: per mode the medians (and spreads) of psring's step and each floor's, over
+timed steps, the hosts' TCP congestion control) and OUT/summary.json: per mode the medians (and spreads) of psring's step and each floor's, over
 the bound and psring over the BSP floor pair by pair. A floor above 1.10x its bound puts the target out of
 this machine's reach for any PS doing that work; psring above its floor is psring's own cost. Run it alone on
 a quiet machine.

@@ -89,4 +89,6 @@ def test_comm_cpu_is_the_cpu_of_the_intervals_in_which_a_link_carried_traffic():
     assert links.comm_cpu([tick(0, 3 * 10**7, 1.0, dt=0.3), tick(1, 10**7, 0.0, dt=0.1)], rate, -1, 2) == \
         pytest.approx(0.75)
     assert links.comm_cpu(rows[:10], rate, -1, 1) is None  # 0.2 s of busy ticks: too few to tell
+    just_under = [tick(0.02 * i, full // 2 - 1000, 0.9) for i in range(20)]  # a hair under half the rate
+    assert links.comm_cpu(just_under + rows, rate, -1, 1) == pytest.approx((15 * 0.9 + 15 * 0.5) / 30)
     assert links.comm_cpu([{**r, "cpu": None} for r in rows], rate, -1, 1) is None  # an older file: no CPU

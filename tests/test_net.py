@@ -243,7 +243,10 @@ def test_every_host_runs_the_congestion_control_asked_for_and_says_which(tmp_pat
 
 @needs_net
 def test_calibrate_over_an_emulated_link_records_its_congestion_control(tmp_path):
-    cc = next(c for c in tcp.offered() if c != tcp.here())  # not the one a namespace would get anyway
+    others = [c for c in tcp.offered() if c != tcp.here()]  # not the one a namespace would get anyway
+    if not others:
+        pytest.skip("this kernel allows one TCP congestion control only")
+    cc = others[0]
     r = subprocess.run([sys.executable, "-m", "psring", "calibrate", "--net", "emulated", "--link-cc", cc,
                         "--sizes", "64,64K", "--repeats", "3", "--out", str(tmp_path)], capture_output=True,
                        text=True, timeout=120, check=False)

@@ -260,6 +260,7 @@ def test_overlap_cpu_claims():
     ar = busy_bins(RESULTS / "overlap_cpu" / "runs" /
                    "sync-allreduce_workers-4_servers-1_compute-emulated:561_overlap-full")
     assert ps["cpu"] > 0.9 and ar["cpu"] < 0.6 and ps["link"] > 0.9 and ar["link"] > 0.9, (ps, ar)
+    assert (ps["busy"], ps["bins"], ar["busy"], ar["bins"]) == (41, 49, 51, 64)
 
 
 def busy_bins(run: Path, bin_s: float = 0.1) -> dict:
@@ -282,4 +283,5 @@ def busy_bins(run: Path, bin_s: float = 0.1) -> dict:
         dt[i] += r["dt"]
     util = moved / (125e6 * dt[:, None])  # 1 Gbit
     busy = util.max(axis=1) >= 0.5
-    return {"cpu": float(np.median(cpu[busy] / dt[busy])), "link": float(np.median(util[busy].mean(axis=1)))}
+    return {"cpu": float(np.median(cpu[busy] / dt[busy])), "link": float(np.median(util[busy].mean(axis=1))),
+            "busy": int(busy.sum()), "bins": n}

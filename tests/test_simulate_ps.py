@@ -1,5 +1,6 @@
-"""The numpy replays for hundreds of workers held to the flow replay they stand in for: the PS's fluid
-(simulate/vector_ps.py) and hierarchical's rings as one over the hosts (vector.VectorHierarchy)."""
+"""The numpy replays for hundreds of workers held to the flow replay they stand in for: the PS's fluids
+(simulate/vector_ps.py at S = 1 and S = N, vector_async.py where 1 < S < N) and hierarchical's rings as one over
+the hosts (vector.VectorHierarchy)."""
 from __future__ import annotations
 
 import pandas as pd

@@ -105,9 +105,9 @@ def saturated(summary: dict) -> bool | None:
 
 
 def timed_window(records: list[dict], warmup: int) -> tuple[float, float] | None:
-    """Rank 0's wall-clock span of the timed steps, as ``cpu_utilisation`` takes it: from the end of the
-    step before the first timed one (the first step's start where there is none) to the end of the last
-    step; None without rank 0's records."""
+    """Rank 0's wall-clock span of the timed steps: from the end of the step before the first timed one (as
+    ``cpu_utilisation`` takes it; without warm-up, the first step's start, where that takes the log's opening
+    sample) to the end of the last step; None without rank 0's records."""
     r0 = sorted((r for r in records if r.get("rank") == 0 and "time" in r), key=lambda r: r["step"])
     if not r0:
         return None

@@ -81,7 +81,8 @@ def utilisation(run_dir: Path, start: float = -np.inf, end: float = np.inf) -> p
 
 def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
     """The heatmap of one run: upload and download panels, a row per host, ``shown`` steps wide, in bins
-    of ``bin_s`` (the samples' bytes summed over a bin, over what the rate allows in it)."""
+    of ``bin_s`` (the samples' bytes summed over a bin, over what the rate allows in it), and beneath them the
+    machine's CPU over the same bins where the samples carry it (``cpu_bins``)."""
     run_dir = Path(run_dir)
     start, end, ends = step_window(run_dir, shown)
     df = utilisation(run_dir, start, end)

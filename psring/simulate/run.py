@@ -241,10 +241,9 @@ def vector_of(cfg: TrainConfig, alpha_s: float):
         from .vector_async import async_of
 
         return async_of(cfg, alpha_s)
-    from .vector_ps import VectorPS
+    from .vector_ps import vector_ps_of
 
-    chunks, window = ps_plan(cfg, layout)
-    return VectorPS(cfg.workers, chunks, window, rate, link_Bps(cfg.server_link_rate or cfg.link_rate), alpha_s)
+    return vector_ps_of(cfg, alpha_s)
 
 
 class Replay:

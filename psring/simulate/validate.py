@@ -8,8 +8,8 @@ chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated 
 an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
 cores).
 
-Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: the larger of ``cpu_util`` and
-``cpu_util_sync`` below 0.9), and the CPU it measured per step would fit in the machine's cores at its replayed
+Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: the largest of ``cpu_util``,
+``cpu_util_sync`` and, where recorded, ``cpu_util_comm`` below 0.9), and the CPU it measured per step would fit in the machine's cores at its replayed
 step (``cpu_at_replay`` = ``cpu_util`` x measured step / replayed step < ``CPU_FITS``, the share
 ``bounds.cpu_at_bound`` reads at a run's bound): a run whose own CPU needs more than the cores during the step the
 links would allow is decided by the CPU, whatever its mean utilisation says (a codec's encode and decode at a few

@@ -135,3 +135,27 @@ class VectorPS:
                 if self.left[s] > 0:
                     break
                 now = end + self.left[s] / rate
+
+
+def vector_ps_of(cfg, alpha_s: float) -> VectorPS:
+    """The run's lockstep fluid from the PS's own plan (``plans.ps_plan``) and links, whatever its S (``psring
+    simulate`` takes it for BSP at S = 1 and S >= N: ``run.vector_of``)."""
+    from .plans import layout_of, link_Bps, ps_plan
+
+    chunks, window = ps_plan(cfg, layout_of(cfg))
+    return VectorPS(cfg.workers, chunks, window, link_Bps(cfg.link_rate), link_Bps(cfg.server_link_rate or cfg.link_rate),
+                    alpha_s)
+
+
+def lockstep_summary(cfg, jitter: str, alpha_s: float) -> dict:
+    """The run's summary figures (``metrics.summary.summarize``) on the lockstep fluid, without a run folder, at any
+    S: what ``benchmarks/fluid_check.py`` and ``async_check.py`` set beside the flow replay and the drifting fluid."""
+    import pandas as pd
+
+    from ..metrics.summary import summarize
+    from .records import vector_records
+    from .run import check, compute_times, parse_jitter
+
+    compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
+    records = vector_records(cfg, compute, vector_ps_of(cfg, alpha_s))
+    return summarize(pd.DataFrame([x for rank in records for x in rank]), cfg.workers, cfg.warmup)
