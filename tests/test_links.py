@@ -57,11 +57,11 @@ def test_check_holds_sums_against_the_kernel_and_names_the_worst_host(tmp_path):
     f = tmp_path / "links.jsonl"
     rows = [{"time": t, "dt": 0.02, "up": [100, 0], "down": [50, 10]} for t in range(10)]
     f.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"time": 3, "dt"')  # a torn last line
-    c = links.check(f, [(1000, 500), (0, 100)])
+    c = links.check(links.load(f), [(1000, 500), (0, 100)])
     assert c["links_samples"] == 10 and c["links_interval_ms"] == 20.0
     assert c["links_up_vs_kernel"] == pytest.approx(1.0) and c["links_down_vs_kernel"] == pytest.approx(1.0)
     assert c["links_worst_host_error"] == pytest.approx(0.0)
-    c = links.check(f, [(1000, 500), (0, 200)])  # host 1 received twice what the samples saw
+    c = links.check(links.load(f), [(1000, 500), (0, 200)])  # host 1 received twice what the samples saw
     assert c["links_down_vs_kernel"] == pytest.approx(600 / 700)
     assert c["links_worst_host_error"] == pytest.approx(0.5)
 

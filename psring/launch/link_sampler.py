@@ -47,9 +47,9 @@ class LinkSampler:
                 proc.wait(STOP_TIMEOUT_S)
         if not self.path.is_file():
             return {}
-        out = links.check(self.path, self.net.host_counters(), self.cpu_file)
+        rows = links.load(self.path)
+        out = links.check(rows, self.net.host_counters(), self.cpu_file)
         window = timed_window(read_jsonl(self.ranks), self.warmup) if self.ranks.is_file() else None
         if window is not None:
-            out["cpu_util_comm"] = links.comm_cpu(links.load(self.path), [h.rate_bps for h in self.net.hosts],
-                                                  *window)
+            out["cpu_util_comm"] = links.comm_cpu(rows, [h.rate_bps for h in self.net.hosts], *window)
         return out

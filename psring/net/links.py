@@ -96,11 +96,10 @@ def load(path: Path) -> list[dict]:
     return read_jsonl(path)
 
 
-def check(path: Path, kernel: list[tuple[int, int]], cpu_file: Path | None = None) -> dict:
-    """The samples' sums against the hosts' interface counters (``kernel``: (sent, received) per host):
-    summary.json's ``links_*`` fields. Ratios are over all hosts' bytes of a direction; the worst
-    host's ratio beside them."""
-    rows = load(path)
+def check(rows: list[dict], kernel: list[tuple[int, int]], cpu_file: Path | None = None) -> dict:
+    """The samples' sums (``rows``: ``load``'s) against the hosts' interface counters (``kernel``: (sent,
+    received) per host): summary.json's ``links_*`` fields. Ratios are over all hosts' bytes of a direction;
+    the worst host's ratio beside them."""
     up = sum(sum(r["up"]) for r in rows)
     down = sum(sum(r["down"]) for r in rows)
     k_up, k_down = sum(k[0] for k in kernel), sum(k[1] for k in kernel)

@@ -64,12 +64,14 @@ def step_window(run_dir: Path, shown: int = SHOWN_STEPS) -> tuple[float, float, 
     return chosen[0]["time"] - chosen[0]["step_s"], chosen[-1]["time"], [r["time"] for r in chosen]
 
 
-def utilisation(run_dir: Path, start: float = -np.inf, end: float = np.inf) -> pd.DataFrame:
-    """Tidy rows ``time, dt, host, label, direction, bytes, utilisation`` of the samples in [start, end]."""
+def utilisation(run_dir: Path, start: float = -np.inf, end: float = np.inf,
+                samples: list[dict] | None = None) -> pd.DataFrame:
+    """Tidy rows ``time, dt, host, label, direction, bytes, utilisation`` of the samples in [start, end]
+    (``samples``: the run's ``links.jsonl`` already loaded, else read here)."""
     cfg = TrainConfig.load(Path(run_dir) / "config.json")
     labels, rates = host_labels(cfg), host_rates(cfg)
     rows = []
-    for s in links.load(Path(run_dir) / links.FILE):
+    for s in links.load(Path(run_dir) / links.FILE) if samples is None else samples:
         if not start <= s["time"] <= end or s["dt"] <= 0:
             continue
         for direction, _ in DIRECTIONS:
@@ -85,7 +87,8 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
     machine's CPU over the same bins where the samples carry it (``cpu_bins``)."""
     run_dir = Path(run_dir)
     start, end, ends = step_window(run_dir, shown)
-    df = utilisation(run_dir, start, end)
+    samples = links.load(run_dir / links.FILE)
+    df = utilisation(run_dir, start, end, samples)
     if df.empty:
         raise ValueError(f"{run_dir}: no link samples inside the steps drawn")
     cfg = TrainConfig.load(run_dir / "config.json")
@@ -93,7 +96,7 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
     t0 = start if np.isfinite(start) else df["time"].min() - df["dt"].iloc[0]
     t1 = end if np.isfinite(end) else df["time"].max()
     bins = int(np.ceil((t1 - t0) / bin_s))
-    cpu = cpu_bins(run_dir, t0, t1, bin_s, bins)
+    cpu = cpu_bins(samples, t0, t1, bin_s, bins)
     panels = [len(labels), len(labels)] + ([max(1.5, len(labels) / 3)] if cpu is not None else [])
     fig, axes = new_figure(9, 1.2 + 0.42 * sum(panels), nrows=len(panels), sharex=True,
                            gridspec_kw={"height_ratios": panels})
@@ -124,10 +127,10 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
     return fig
 
 
-def cpu_bins(run_dir: Path, t0: float, t1: float, bin_s: float, bins: int) -> np.ndarray | None:
+def cpu_bins(samples: list[dict], t0: float, t1: float, bin_s: float, bins: int) -> np.ndarray | None:
     """The machine's CPU utilisation per drawn bin (the samples' ``cpu``, weighted by their lengths); None
     where the samples carry none (files written before the sampler read it)."""
-    got = [(s["time"], s["dt"], s["cpu"]) for s in links.load(Path(run_dir) / links.FILE)
+    got = [(s["time"], s["dt"], s["cpu"]) for s in samples
            if t0 <= s["time"] <= t1 and s["dt"] > 0 and s.get("cpu") is not None]
     if not got:
         return None
