@@ -12,6 +12,8 @@ from .protocol import (
     decode_sections,
     encode_tensors,
     pack_header,
+    readable,
+    send_frames,
     unpack_header,
 )
 
@@ -40,11 +42,17 @@ class PSClient:
         self.acks: list[set[int]] = [set() for _ in self.addrs]  # requests a server said it received (``ack``)
         self.bytes_sent = self.bytes_recv = 0
 
-    def send(self, server: int, header: dict, named=(), opt_state=()) -> int:
+    def encode(self, named) -> tuple[list, list]:
+        """``(metas, frames)`` of ``named`` as ``send`` puts them on the wire (frames view the tensors)."""
+        return encode_tensors(list(named), self.frame_bytes)
+
+    def send(self, server: int, header: dict, named=(), opt_state=(), encoded: tuple | None = None) -> int:
         """Send a request to ``server`` without waiting; returns its request id for ``recv``. ``named``
-        travel as the header's ``tensors``, ``opt_state`` (an init's optimizer state) after them."""
+        travel as the header's ``tensors``, ``opt_state`` (an init's optimizer state) after them;
+        ``encoded``: ``named`` as ``encode`` made them already (a chunk's memory is the same every step)."""
         req, self._next = self._next, self._next + 1
-        metas, frames = encode_tensors(list(named), self.frame_bytes)
+        metas, frames = encoded if encoded is not None else self.encode(named)
+        frames = list(frames)
         extra = {}
         if opt_state:
             extra["opt_state"], more = encode_tensors(list(opt_state), self.frame_bytes)
@@ -55,7 +63,7 @@ class PSClient:
         # copy=False: gradient memory goes to the wire as is. The caller keeps the tensors unchanged
         # until the reply to this or a later request of the same server arrived (the server has then
         # received this message in full).
-        self.socks[server].send_multipart([head, *frames], copy=False)
+        send_frames(self.socks[server], [head, *frames])
         return req
 
     def recv(self, server: int, req: int):
@@ -95,7 +103,7 @@ class PSClient:
         """Take every reply of ``server`` that has already arrived off its socket, without waiting (so a
         worker can tell, from inside backward, which requests are answered)."""
         sock = self.socks[server]
-        while sock.poll(0):
+        while readable(sock):
             self._take(server)
 
     def wait_any(self, servers: list[int]) -> None:

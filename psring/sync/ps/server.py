@@ -29,8 +29,8 @@ from ...compress.spec import NONE
 from .encoded import pushed_keys
 from .optimizers import optim_header
 from .probe import ProbeRounds
-from .protocol import (PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors,
-                       int_field, pack_header, unpack_header)
+from .protocol import (DONTWAIT, PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors,
+                       int_field, pack_header, readable, send_frames, unpack_header)
 from .server_metrics import StepMetrics
 from .store import ShardStore
 
@@ -109,7 +109,7 @@ class ParameterServer:
             # has pushed the next step, i.e. after every worker has received this reply in full. Under
             # ASP/SSP the store hands out copies (``ShardStore.read_values``). DONTWAIT: a peer with a
             # full queue (SNDHWM replies it never read) loses this one rather than stalling everyone.
-            self.sock.send_multipart([ident, head, *frames], copy=False, flags=zmq.DONTWAIT)
+            send_frames(self.sock, [ident, head, *frames], DONTWAIT)
         except zmq.ZMQError as e:
             self.dropped += 1
             if self.dropped <= LOG_FIRST or self.dropped % LOG_EVERY == 0:
@@ -170,19 +170,20 @@ class ParameterServer:
         t = time.time()
         if header.get("ack") is True and header["op"] == "pushpull":  # read: the sender's credit is free
             self._send(ident, {"ok": True, "req": req, "ack": True})
-        named, step, worker = decode_tensors(header, frames), header.get("step"), header.get("worker")
+        named, step, worker, updates = decode_tensors(header, frames), header.get("step"), header.get("worker"), \
+            self.store.key_updates  # (BSP: only a key's update can answer a waiting pushpull)
         completed = self.store.push(worker, step, named)
         self.metrics.on_push(t)
         if header["op"] == "push":
             self._send(ident, {"ok": True, "req": req})
         else:
-            keys = [k for k, _ in named]
-            self.waiting.append(Waiting(ident, req, worker, keys if self.store.codec is None else pushed_keys(keys),
-                                        step))
+            keys = [k for k, _ in named] if self.store.codec is None else pushed_keys([k for k, _ in named])
+            self.waiting.append(Waiting(ident, req, worker, keys, step))
         if completed:
             self.metrics.on_last_push()
             self._serve_parked()
-        self._serve_waiting()
+        if self.store.clocks is not None or self.store.key_updates != updates:
+            self._serve_waiting()
 
     def _pull(self, ident: bytes, req, header: dict, frames: list) -> None:
         version = int_field(header, "version")
@@ -262,7 +263,7 @@ class ParameterServer:
         last = time.monotonic()
         try:
             while len(self.done) < self.store.workers:
-                if not self.sock.poll(500):
+                if not readable(self.sock) and not self.sock.poll(500):  # (a poller only when idle)
                     if time.monotonic() - last > self.idle_timeout_s:
                         log.error("no request for %.0f s; exiting", self.idle_timeout_s)
                         return 1

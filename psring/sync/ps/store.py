@@ -44,6 +44,7 @@ class ShardStore:
         self.aggregate = False
         self.clocks: Clocks | None = None  # ASP/SSP only
         self.codec_spec, self.codec = NONE, None  # the init's codec (``encoded``); None: dense float pushes
+        self.key_updates = 0  # BSP: keys updated so far (a waiting pushpull can only become answerable then)
         self.update_s = 0.0  # running totals for the server's own metrics
         self.aggregate_s = 0.0
         self.staleness: Counter = Counter()  # samples per value since the metrics last took them
@@ -178,6 +179,7 @@ class ShardStore:
         if ready:
             self.opt.step(ready)
             self.update_s += time.perf_counter() - t1
+        self.key_updates += len(done)
         for key in done:
             self.count[key] = 0
             self.key_version[key] += 1

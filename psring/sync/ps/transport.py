@@ -79,6 +79,8 @@ class ChunkTransport:
         self.host = {b.index: b.flat if device.type == "cpu" else torch.empty(
             b.flat.shape, dtype=b.flat.dtype, pin_memory=True) for b in buckets}
         self.device = device
+        self.wire: dict[int, tuple] = {}  # per chunk, its push's (metas, frames) without a codec: the same every step
+        self.names: dict[int, tuple[str, str]] = {}  # per chunk, its push's and its reply's trace names
         self.step = 0
         self.new_step()
 
@@ -88,6 +90,7 @@ class ChunkTransport:
         # the priority scheduler's: ready chunks by forward priority, and pushes not yet received
         self.ready: list[tuple[int, Bucket]] = []
         self.unacked: dict[tuple[int, int], int] = {}  # (server, request) -> bytes
+        self.unacked_bytes = 0  # their sum
         self.messages: list[list] = []  # [start perf_counter, name, duration] per push and reply
         # bytes are counted from the end of the previous step: with overlap, pushes leave during backward
         self.sent0, self.recv0 = self.client.bytes_sent, self.client.bytes_recv
@@ -117,11 +120,12 @@ class ChunkTransport:
             for s in {s for s, _ in self.unacked}:
                 self.client.collect(s)
             for key in [k for k in self.unacked if self.client.received(*k)]:
-                del self.unacked[key]
-        while self.ready and sum(self.unacked.values()) < self.credit:
+                self.unacked_bytes -= self.unacked.pop(key)
+        while self.ready and self.unacked_bytes < self.credit:
             b = heapq.heappop(self.ready)[1]
             self._push(b)
             self.unacked[(b.group, self.sent[b.group][-1].req)] = b.nbytes
+            self.unacked_bytes += b.nbytes
 
     def pump(self, s: int) -> None:
         """Send server ``s``'s queued chunks while it has credits. Replies already here are taken off the
@@ -148,23 +152,30 @@ class ChunkTransport:
         t = time.perf_counter()
         if self.codec is not None:  # encoded where the gradient is, the (small) parts copied to the host
             named = encode_push(self.codec, chunk_key(b), b.flat, self.states[b.index])
+            wire = self.client.encode(named)
         else:
             if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
                 host.copy_(b.flat, non_blocking=True)
                 torch.cuda.current_stream(self.device).synchronize()
             named = [(chunk_key(b), host)]
-        req = self.client.send(s, {"op": "pushpull", "step": self.step, **({"ack": True} if self.credit else {})},
-                               named)
+            wire = self.wire.get(b.index) or self.wire.setdefault(b.index, self.client.encode(named))
+        header = {"op": "pushpull", "step": self.step}
+        if self.credit:
+            header["ack"] = True
+        req = self.client.send(s, header, encoded=wire)
         sent = time.perf_counter()
-        reply = [sent, f"params of chunk {b.index} from server {s}", None]
-        mb = sum(x.numel() * x.element_size() for _, x in named) / 2**20
-        self.messages += [[t, f"push chunk {b.index} to server {s} ({mb:.2f} MB)", sent - t], reply]
+        push_name, reply_name = trace_names(b, named) if self.codec is not None else \
+            self.names.get(b.index) or self.names.setdefault(b.index, trace_names(b, named))
+        reply = [sent, reply_name, None]
+        self.messages += [[t, push_name, sent - t], reply]
         self.sent[s].append(Sent(req, b, reply, [x for _, x in named]))
 
     def take(self, s: int) -> tuple[Bucket, Received] | None:
         """Server ``s``'s next reply in send order if it is here (the priority scheduler: any of its
         replies that is here, workers' orders may differ): (its chunk, the chunk's tensor)."""
         sent = self.sent[s]
+        if not self.client.early[s]:  # nothing of this server's here
+            return None
         at = next((i for i, x in enumerate(sent) if self.client.arrived(s, x.req)), None) if self.credit else \
             (0 if sent and self.client.arrived(s, sent[0].req) else None)
         if at is None:
@@ -193,6 +204,13 @@ class ChunkTransport:
     def end_step(self) -> None:
         self.step += 1
         self.new_step()
+
+
+def trace_names(b: Bucket, named: list) -> tuple[str, str]:
+    """A chunk's push's and reply's names in a step's trace (``parse_message`` reads them back); a codec's
+    push is named by its size at the first push."""
+    mb = sum(x.numel() * x.element_size() for _, x in named) / 2**20
+    return f"push chunk {b.index} to server {b.group} ({mb:.2f} MB)", f"params of chunk {b.index} from server {b.group}"
 
 
 _PUSH = re.compile(r"push chunk (\d+) to server (\d+) \(([0-9.]+) MB\)")  # Transport._push's names
