@@ -124,9 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     df, out = pd.DataFrame(rows), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     table = out / "ps_cpu.csv"
-    pd.concat([pd.read_csv(table), df]).to_csv(table, index=False) if a.append and table.exists() else \
-        df.to_csv(table, index=False)
-    for (role, thread), g in df.groupby(["role", "thread"], sort=False):
+    if a.append and table.exists():  # the label's repeats go on numbering from what the table holds
+        old = pd.read_csv(table)
+        same = old[old["label"].fillna("").astype(str) == a.label]
+        df["repeat"] += int(same["repeat"].max()) + 1 if len(same) else 0
+        df = pd.concat([old, df])
+    df.to_csv(table, index=False)
+    for (role, thread), g in df[df["label"] == a.label].groupby(["role", "thread"], sort=False):
         vals, what = g["ms_per_step"].tolist(), "core-ms a step" if role == "machine" else "ms a step per process"
         print(f"{role:>8} {thread:>9}: {statistics.median(vals):6.1f} {what} ({min(vals):.1f}-{max(vals):.1f})")
     print(f"{out / 'ps_cpu.csv'}")

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = sorted(p for p in (ROOT / "results").iterdir() if p.is_dir() and p.name not in ("chaos", "link_sampling"))
 # The figures each committed folder must give, at least (any further folder: just some figure).
 EXPECTED = {
+    "ps_cpu": {"ps_cpu"},
     "bandwidth": {"speedup", "breakdown"},
     "servers": {"servers", "speedup"},
     "compare": {"speedup", "breakdown", "timeline_sync-ps_workers-2_servers-2",

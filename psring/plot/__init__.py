@@ -22,6 +22,7 @@ What is drawn depends on what the folder holds:
   ``published`` alone (``plot/published.py``);
 * ``overlap_floor.csv`` (``benchmarks/overlap_floor.py``) -> ``overlap_floor`` (psring's overlapped PS step beside
   raw floors of the same schedule, each over its bound; ``plot/overlap_floor.py``);
+* ``ps_cpu.csv`` (``benchmarks/ps_cpu.py``) -> ``ps_cpu`` (the PS's CPU a step per role and thread; ``plot/ps_cpu.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
 * ``bench.csv`` (in the folder or a sub-folder) -> ``message_size`` (time, algbw, busbw vs size);
@@ -77,6 +78,7 @@ from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
 from .overlap_floor import figure_overlap_floor, load_overlap_floor
+from .ps_cpu import figure_ps_cpu, load_ps_cpu
 from .published import figure_published, load_published
 from .scale_codecs import figure_scale_codecs, has_scale_codecs
 from .scale_overlap import figure_scale_overlap, has_scale_overlap
@@ -203,6 +205,10 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     if floor is not None:
         written += save(figure_overlap_floor(floor), out, "overlap_floor", formats)
 
+    cpu = load_ps_cpu(folder)  # benchmarks/ps_cpu.py: the PS's CPU per thread (results/ps_cpu)
+    if cpu is not None:
+        written += save(figure_ps_cpu(cpu), out, "ps_cpu", formats)
+
     validation = load_validation(folder)  # psring simulate against the committed runs (results/simulate)
     if validation is not None:
         written += save(figure_validation(validation), out, "validation", formats)
@@ -236,7 +242,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_links(d), out, _stem("links", folder, d), formats)
 
     if not written:
-        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv, overlap_floor.csv or run folders "
+        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv, overlap_floor.csv, ps_cpu.csv or run folders "
                          "(steps.jsonl)")
     return written
 
