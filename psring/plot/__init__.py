@@ -181,6 +181,18 @@ def _table_figures(runs: pd.DataFrame, link, note: str, out: Path, formats: tupl
     return written
 
 
+def _benchmark_figures(folder: Path, out: Path, formats: tuple[str, ...]) -> list[Path]:
+    """The figures of a benchmark's or a check's own table, where the folder holds one."""
+    written = []
+    for load, figure, stem in ((load_overlap_floor, figure_overlap_floor, "overlap_floor"),  # psring beside raw floors
+                               (load_ps_cpu, figure_ps_cpu, "ps_cpu"),  # the PS's CPU per thread
+                               (load_validation, figure_validation, "validation")):  # psring simulate vs the runs
+        table = load(folder)
+        if table is not None:
+            written += save(figure(table), out, stem, formats)
+    return written
+
+
 def plot_results(folder: str | Path, calibration: str | Path | None = None,
                  formats: tuple[str, ...] | list[str] = FORMATS, out: str | Path | None = None) -> list[Path]:
     """Write every figure that applies to ``folder`` into ``out`` (default ``folder/figures``); return
@@ -201,18 +213,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     elif runs is not None and not runs.empty:
         written += _table_figures(runs, link, note, out, formats)
 
-    floor = load_overlap_floor(folder)  # benchmarks/overlap_floor.py: psring beside raw floors (results/overlap_floor)
-    if floor is not None:
-        written += save(figure_overlap_floor(floor), out, "overlap_floor", formats)
-
-    cpu = load_ps_cpu(folder)  # benchmarks/ps_cpu.py: the PS's CPU per thread (results/ps_cpu)
-    if cpu is not None:
-        written += save(figure_ps_cpu(cpu), out, "ps_cpu", formats)
-
-    validation = load_validation(folder)  # psring simulate against the committed runs (results/simulate)
-    if validation is not None:
-        written += save(figure_validation(validation), out, "validation", formats)
-
+    written += _benchmark_figures(folder, out, formats)
     benches = [p.parent for p in sorted([*folder.glob("bench.csv"), *folder.glob("*/bench.csv")])]
     for b in benches:
         written += save(figure_message_size(load_bench(b), link, calibration_note=note), out,

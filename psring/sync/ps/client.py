@@ -5,6 +5,7 @@ from __future__ import annotations
 import zmq
 
 from ...auth import secure_client
+from .frames import readable, send_frames
 from .protocol import (
     PROTOCOL,
     SECTIONS,
@@ -12,8 +13,6 @@ from .protocol import (
     decode_sections,
     encode_tensors,
     pack_header,
-    readable,
-    send_frames,
     unpack_header,
 )
 

@@ -65,7 +65,6 @@ import warnings
 
 import msgpack
 import torch
-import zmq
 
 from .received import Received
 
@@ -81,23 +80,6 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-
-_MORE, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.POLLIN), int(zmq.EVENTS)  # plain ints: pyzmq's enums
-DONTWAIT = int(zmq.DONTWAIT)                                                   # cost ~2 us an operation
-
-
-def send_frames(sock, frames: list, flags: int = 0) -> None:
-    """``sock.send_multipart(frames, copy=False, flags=flags)`` (``flags`` a plain int) without its
-    arithmetic on pyzmq's flag enums, a few microseconds a frame at thousands of frames a step."""
-    last = len(frames) - 1
-    for i, f in enumerate(frames):
-        sock.send(f, _MORE | flags if i < last else flags, copy=False)
-
-
-def readable(sock) -> bool:
-    """Whether a message waits on ``sock``: ``poll(0)`` without building a poller (``ZMQ_EVENTS``)."""
-    return bool(sock.getsockopt(_EVENTS) & _POLLIN)
 
 
 class ProtocolError(ValueError):
@@ -211,7 +193,8 @@ def frame_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tenso
         raise ProtocolError(f"frame of {n} bytes does not match dtype/shape ({numel * itemsize} bytes)")
     if numel == 0:
         return torch.empty(shape, dtype=dtype)
-    return _view(buf, dtype).view(shape)
+    t = _view(buf, dtype)
+    return t if len(shape) == 1 else t.view(shape)  # (a view costs microseconds; a chunk is 1-D already)
 
 
 def _received(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) -> Received:
@@ -219,7 +202,8 @@ def _received(key: str, bufs: list, dtype: torch.dtype, shape: tuple[int, ...]) 
     for d in shape:
         numel *= d
     if len(bufs) == 1:  # one frame: its length must be exactly dtype x shape
-        return Received(dtype, shape, [(0, frame_tensor(bufs[0], dtype, shape).view(-1))])
+        t = frame_tensor(bufs[0], dtype, shape)
+        return Received(dtype, shape, [(0, t if t.dim() == 1 else t.view(-1))])
     itemsize, parts, off = _itemsize(dtype), [], 0
     for buf in bufs:
         size = nbytes(buf)
@@ -277,3 +261,4 @@ def encode_tensors(named: list[tuple[str, torch.Tensor]], max_frame: int | None 
             metas.append(tensor_meta(key, t) + [len(chunks)])
             frames += chunks
     return metas, frames
+

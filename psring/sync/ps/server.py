@@ -29,8 +29,9 @@ from ...compress.spec import NONE
 from .encoded import pushed_keys
 from .optimizers import optim_header
 from .probe import ProbeRounds
-from .protocol import (DONTWAIT, PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors,
-                       int_field, pack_header, readable, send_frames, unpack_header)
+from .frames import DONTWAIT, FrameCache, readable, send_frames
+from .protocol import (PROTOCOL, SECTIONS, ProtocolError, decode_sections, decode_tensors, encode_tensors, int_field,
+                       pack_header, unpack_header)
 from .server_metrics import StepMetrics
 from .store import ShardStore
 
@@ -70,7 +71,7 @@ class ParameterServer:
         refused with an error reply); ZeroMQ drops a connection that sends a single frame over it."""
         if max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
-        self.metrics_path, self.frame_bytes = metrics_path, frame_bytes
+        self.metrics_path, self.frame_bytes, self.wire = metrics_path, frame_bytes, FrameCache(frame_bytes)
         self.max_message_bytes = max_message_bytes
         self.store = ShardStore(workers)
         self.idle_timeout_s = idle_timeout_s
@@ -104,11 +105,10 @@ class ParameterServer:
         self.bytes_sent += len(head) + sum(len(f) for f in frames)
         t0 = time.perf_counter()
         try:
-            # copy=False: the shard's memory goes to the wire as is. Safe under BSP: a parameter (or an
-            # aggregate's sum buffer, of which there are two) is written again only after every worker
-            # has pushed the next step, i.e. after every worker has received this reply in full. Under
-            # ASP/SSP the store hands out copies (``ShardStore.read_values``). DONTWAIT: a peer with a
-            # full queue (SNDHWM replies it never read) loses this one rather than stalling everyone.
+            # Zero-copy: the shard's memory goes to the wire as is. Safe under BSP: a parameter (or one of an
+            # aggregate's two sum buffers) is written again only after every worker pushed the next step, i.e.
+            # received this reply in full. Under ASP/SSP the store hands out copies (``read_values``). DONTWAIT:
+            # a peer with a full queue (SNDHWM replies it never read) loses this one rather than stalling all.
             send_frames(self.sock, [ident, head, *frames], DONTWAIT)
         except zmq.ZMQError as e:
             self.dropped += 1
@@ -252,7 +252,7 @@ class ParameterServer:
         for w in self.waiting:
             if self.store.reply_ready(w.keys, w.step):
                 version, named = self.store.reply(w.worker, w.keys, w.step)
-                metas, frames = encode_tensors(named, self.frame_bytes)
+                metas, frames = self.wire.encode(named, cache=self.store.shared_replies)
                 self._send(w.ident, {"ok": True, "req": w.req, "version": version, "tensors": metas}, frames)
             else:
                 still.append(w)

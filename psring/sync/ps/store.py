@@ -54,6 +54,12 @@ class ShardStore:
     def initialized(self) -> bool:
         return self.version >= 0
 
+    @property
+    def shared_replies(self) -> bool:
+        """Whether replies hand out the shard's own parameter tensors (BSP, server-optimizer): the same
+        objects every step, whose frames a server may keep (``protocol.FrameCache``)."""
+        return self.clocks is None and not self.aggregate
+
     def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None,
              opt_state: list | None = None, version: int = 0, codec: str = NONE) -> None:
         """``optim``: the optimizer's hyper-parameters (``optimizers.OPTIM_FIELDS``); ``semantics``: the

@@ -30,6 +30,7 @@ from ...compress import Codec, CodecState
 from ..buckets import Bucket, BucketRange, space_sizes
 from .client import PSClient
 from .encoded import decode_sparse_sum, encode_push
+from .frames import FrameCache
 from .received import Received
 from .sharding import chunk_bytes, plan_chunks
 
@@ -79,7 +80,7 @@ class ChunkTransport:
         self.host = {b.index: b.flat if device.type == "cpu" else torch.empty(
             b.flat.shape, dtype=b.flat.dtype, pin_memory=True) for b in buckets}
         self.device = device
-        self.wire: dict[int, tuple] = {}  # per chunk, its push's (metas, frames) without a codec: the same every step
+        self.wire = FrameCache(client.frame_bytes)  # a chunk's push frames without a codec: the same every step
         self.names: dict[int, tuple[str, str]] = {}  # per chunk, its push's and its reply's trace names
         self.step = 0
         self.new_step()
@@ -158,7 +159,7 @@ class ChunkTransport:
                 host.copy_(b.flat, non_blocking=True)
                 torch.cuda.current_stream(self.device).synchronize()
             named = [(chunk_key(b), host)]
-            wire = self.wire.get(b.index) or self.wire.setdefault(b.index, self.client.encode(named))
+            wire = self.wire.encode(named)
         header = {"op": "pushpull", "step": self.step}
         if self.credit:
             header["ack"] = True
