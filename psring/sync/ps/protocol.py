@@ -261,4 +261,3 @@ def encode_tensors(named: list[tuple[str, torch.Tensor]], max_frame: int | None 
             metas.append(tensor_meta(key, t) + [len(chunks)])
             frames += chunks
     return metas, frames
-

@@ -57,7 +57,7 @@ class ShardStore:
     @property
     def shared_replies(self) -> bool:
         """Whether replies hand out the shard's own parameter tensors (BSP, server-optimizer): the same
-        objects every step, whose frames a server may keep (``protocol.FrameCache``)."""
+        objects every step, whose frames a server may keep (``frames.FrameCache``)."""
         return self.clocks is None and not self.aggregate
 
     def init(self, named: list[tuple[str, torch.Tensor]], optim: dict, semantics: dict | None = None,
