@@ -11,10 +11,10 @@ Per role (worker, server) and thread, CPU milliseconds a step per process: ``mai
 server's loop), ``other`` (the worker's PS communication thread, pyzmq's garbage thread), ``zmq-io``
 (ZeroMQ's I/O threads: the sockets' system calls); and the machine's core-seconds a step over the same window
 (``/proc/stat``, the kernel included). Writes OUT/ps_cpu.csv (one row per repeat, role and thread, and
-``--label``; ``--append`` adds to the table there) and prints the medians. The CPU a message costs decides how small the PS's chunks can be on a machine's cores
-(``sharding.cores_chunks``). Run it alone on a quiet machine. For a before/after, run it from outside any
-checkout (``python -m psring`` takes the working directory's ``psring`` first) with ``PYTHONPATH`` set to the
-other checkout: its processes then run that psring.
+``--label``; ``--append`` adds to the table there) and prints the medians. The CPU a message costs decides
+how small the PS's chunks can be on a machine's cores (``sharding.cores_chunks``). Run it alone on a quiet
+machine. For a before/after, run it from outside any checkout (``python -m psring`` takes the working
+directory's ``psring`` first) with ``PYTHONPATH`` set to the other checkout: its processes then run that psring.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from psring.config import TrainConfig
 from psring.launch.launcher import launch
 from psring.metrics.cpu import cpu_times
 
-TICK_S = os.sysconf("SC_CLK_TCK") and 1 / os.sysconf("SC_CLK_TCK")
+TICK_S = 1 / os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these clock ticks
 
 
 def threads_of(out: Path) -> dict:

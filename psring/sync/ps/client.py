@@ -41,21 +41,16 @@ class PSClient:
         self.acks: list[set[int]] = [set() for _ in self.addrs]  # requests a server said it received (``ack``)
         self.bytes_sent = self.bytes_recv = 0
 
-    def encode(self, named) -> tuple[list, list]:
-        """``(metas, frames)`` of ``named`` as ``send`` puts them on the wire (frames view the tensors)."""
-        return encode_tensors(list(named), self.frame_bytes)
-
     def send(self, server: int, header: dict, named=(), opt_state=(), encoded: tuple | None = None) -> int:
         """Send a request to ``server`` without waiting; returns its request id for ``recv``. ``named``
         travel as the header's ``tensors``, ``opt_state`` (an init's optimizer state) after them;
-        ``encoded``: ``named`` as ``encode`` made them already (a chunk's memory is the same every step)."""
+        ``encoded``: ``named`` as ``encode_tensors`` made them already (``frames.FrameCache``)."""
         req, self._next = self._next, self._next + 1
-        metas, frames = encoded if encoded is not None else self.encode(named)
-        frames = list(frames)
+        metas, frames = encoded if encoded is not None else encode_tensors(list(named), self.frame_bytes)
         extra = {}
         if opt_state:
             extra["opt_state"], more = encode_tensors(list(opt_state), self.frame_bytes)
-            frames += more
+            frames = frames + more  # (not +=: ``encoded`` may be a cache's own list)
         head = pack_header({"protocol": PROTOCOL, "req": req, "worker": self.worker, **header, "tensors": metas,
                             **extra})
         self.bytes_sent += len(head) + sum(len(f) for f in frames)

@@ -80,7 +80,7 @@ class ChunkTransport:
         self.host = {b.index: b.flat if device.type == "cpu" else torch.empty(
             b.flat.shape, dtype=b.flat.dtype, pin_memory=True) for b in buckets}
         self.device = device
-        self.wire = FrameCache(client.frame_bytes)  # a chunk's push frames without a codec: the same every step
+        self.wire = FrameCache(client.frame_bytes)  # push frames (a chunk's own memory, the same each step, kept)
         self.names: dict[int, tuple[str, str]] = {}  # per chunk, its push's and its reply's trace names
         self.step = 0
         self.new_step()
@@ -153,7 +153,7 @@ class ChunkTransport:
         t = time.perf_counter()
         if self.codec is not None:  # encoded where the gradient is, the (small) parts copied to the host
             named = encode_push(self.codec, chunk_key(b), b.flat, self.states[b.index])
-            wire = self.client.encode(named)
+            wire = self.wire.encode(named, cache=False)
         else:
             if host is not b.flat:  # GPU: device-to-host into pinned memory, asynchronous, then waited for
                 host.copy_(b.flat, non_blocking=True)
@@ -208,8 +208,8 @@ class ChunkTransport:
 
 
 def trace_names(b: Bucket, named: list) -> tuple[str, str]:
-    """A chunk's push's and reply's names in a step's trace (``parse_message`` reads them back); a codec's
-    push is named by its size at the first push."""
+    """A chunk's push's and reply's names in a step's trace (``parse_message`` reads them back); the push's
+    names its size as sent (a codec's encoding)."""
     mb = sum(x.numel() * x.element_size() for _, x in named) / 2**20
     return f"push chunk {b.index} to server {b.group} ({mb:.2f} MB)", f"params of chunk {b.index} from server {b.group}"
 
