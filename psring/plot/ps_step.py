@@ -112,9 +112,17 @@ def _rows(ps: PSStep) -> dict[str, float]:
             **{f"server {i}": s - 1 - i for i in range(s)}}
 
 
-def _bar(ax, y, a, b, cut, **kw) -> None:
+def _bar(bars: dict, y, a, b, cut, **kw) -> None:
+    """A bar from ``a`` to ``b`` (up to ``cut``) on row ``y`` into ``bars`` (drawn at once by ``_draw_bars``)."""
     if a < cut:
-        ax.broken_barh([(a, min(b, cut) - a)], (y - 0.3, 0.6), **kw)
+        bars.setdefault((y, tuple(kw.items())), []).append((a, min(b, cut) - a))
+
+
+def _draw_bars(ax, bars: dict) -> None:
+    """One collection per row and style: a broken_barh per message re-scales the axes each time, quadratic in
+    the thousands of chunks a step of an overlapped run sends."""
+    for (y, kw), xranges in bars.items():
+        ax.broken_barh(xranges, (y - 0.3, 0.6), **dict(kw))
 
 
 def _line(lines: dict, x0, y0, x1, y1, cut, color, style: str = "-") -> None:
@@ -152,21 +160,23 @@ def draw_ps_step(ax, ps: PSStep, cut: float | None = None, t0: float | None = No
     srv = {int(s.server): [(v - t0) * 1e3 for v in (s.t_first_push, s.t_last_push, s.t_done)]
            for s in ps.servers.itertuples()}
     lines: dict = {}
+    bars: dict = {}
     for m in ms.itertuples():
         color, yw, ys = PS_COLORS[m.server % len(PS_COLORS)], y[f"worker {m.rank}"], y[f"server {m.server}"]
         first, last, done = srv.get(m.server, (m.end, m.end, m.end))
         if m.kind == "push":  # in at the server between its first push in and its last
-            _bar(ax, yw, m.start, m.end, cut, facecolors=color)
+            _bar(bars, yw, m.start, m.end, cut, facecolors=color)
             _line(lines, m.start, yw - 0.3, min(max(m.end, first), last), ys + 0.3, cut, color)
         else:
-            _bar(ax, yw, m.start, m.end, cut, facecolors=color, alpha=0.18)
+            _bar(bars, yw, m.start, m.end, cut, facecolors=color, alpha=0.18)
             _line(lines, min(done, m.end), ys + 0.3, m.end, yw - 0.3, cut, color, "--")
-    _draw_lines(ax, lines)
     for s in ps.servers.itertuples():
         a, b, c = ((v - t0) * 1e3 for v in (s.t_first_push, s.t_last_push, s.t_done))
-        _bar(ax, y[f"server {s.server}"], a, b, cut, facecolors=SERVER_COLORS["wait for slowest worker"],
+        _bar(bars, y[f"server {s.server}"], a, b, cut, facecolors=SERVER_COLORS["wait for slowest worker"],
              hatch="//", edgecolor="0.5")
-        _bar(ax, y[f"server {s.server}"], b, c, cut, facecolors=SERVER_COLORS["update + reply"])
+        _bar(bars, y[f"server {s.server}"], b, c, cut, facecolors=SERVER_COLORS["update + reply"])
+    _draw_bars(ax, bars)
+    _draw_lines(ax, lines)
     for r, t in ps.sync_starts.items():
         if (x := (t - t0) * 1e3) <= cut:
             ax.plot([x], [y[f"worker {r}"] + 0.42], marker="v", color="black", markersize=5)
