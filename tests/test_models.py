@@ -25,17 +25,29 @@ def test_parameter_counts_are_torchvisions(name):
     assert count(name) == TORCHVISION_PARAMS[name]
 
 
-@pytest.mark.parametrize("factory,params", [("resnet101", 44_549_160), ("vgg16", 138_357_544)])
-def test_the_zoos_models_have_torchvisions_counts_and_run(factory, params):
-    """``psring.train.zoo`` (the published results' models, as factories): torchvision's resnet101 and vgg16
-    parameter counts, and a forward and backward at the smallest input they take."""
+@pytest.mark.parametrize("factory,params,side", [("resnet101", 44_549_160, 32), ("vgg16", 138_357_544, 32),
+                                                ("inception_v3", 23_834_568, 75)])
+def test_the_zoos_models_have_torchvisions_counts_and_run(factory, params, side):
+    """``psring.train.zoo`` (the published results' models, as factories): torchvision's resnet101, vgg16 and
+    inception_v3 (aux_logits=False) parameter counts, and a forward and backward at the smallest input they take."""
     with torch.device("meta"):
         assert sum(p.numel() for p in build_model(f"psring.train.zoo:{factory}", 0).parameters()) == params
     m = build_model(f"psring.train.zoo:{factory}", 0)
-    out = m(torch.randn(2, 3, 32, 32))
+    out = m(torch.randn(2, 3, side, side))
     assert out.shape == (2, 1000)
     out.sum().backward()
     assert all(p.grad is not None for p in m.parameters())
+
+
+def test_inception_v3_with_its_auxiliary_head_has_torchvisions_full_count():
+    """torchvision's inception_v3 (aux_logits=True, its default) has 27,161,264 parameters: the zoo's layout
+    is torchvision's, the auxiliary classifier included when asked for."""
+    from psring.train.inception import Inception3
+
+    with torch.device("meta"):
+        m = Inception3(1000, aux_logits=True)
+    assert sum(p.numel() for p in m.parameters()) == 27_161_264
+    assert [n for n, _ in m.named_children()][:3] == ["Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3"]
 
 
 def test_the_config_knows_the_models_and_their_sizes():

@@ -1,7 +1,8 @@
 """ImageNet models of published scaling results, for ``psring simulate`` to replay their gradients: use them
-as factories, ``--model psring.train.zoo:resnet101`` or ``psring.train.zoo:vgg16`` (1,000 classes, any input
-side of at least 32). Written in plain torch with torchvision's parameter counts (tested): ResNet-101
-44,549,160, VGG-16 138,357,544. They are not in ``psring train``'s own list (``models.MODELS``): training
+as factories, ``--model psring.train.zoo:resnet101`` or ``psring.train.zoo:vgg16`` or ``psring.train.zoo:inception_v3`` (1,000
+classes, any input side of at least 32; Inception V3's of at least 75, 299 as published). Written in plain
+torch with torchvision's parameter counts (tested): ResNet-101 44,549,160, VGG-16 138,357,544, Inception V3
+23,834,568 (``inception.py``, without the auxiliary head). They are not in ``psring train``'s own list (``models.MODELS``): training
 them needs a measured memory footprint (``launch/resources.py``), and on 2 CPU cores a step of either takes
 longer than any sweep here allows.
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .inception import Inception3
 from .resnet import BLOCKS_101, ResNet50
 
 VGG16_CONVS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
@@ -48,3 +50,7 @@ def resnet101() -> nn.Module:
 
 def vgg16() -> nn.Module:
     return VGG16(1000)
+
+
+def inception_v3() -> nn.Module:
+    return Inception3(1000)
