@@ -178,6 +178,21 @@ def test_overlap_n8_1gbit_claims():
     assert 1.0 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
 
 
+def test_overlap_n8_1gbit_partition_ladder_claims():
+    """results/overlap_n8_1gbit's partition ladder: 1.15 MiB CPU-bound at about twice the step of 5 MiB, the best size
+    still above 1.10x its bound; the probe's six starts spread over 1.2-6.2 MB with their fit's intercept."""
+    lad = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "partition_ladder.csv")
+    assert len(lad) == 15 and (lad["timed_steps"] == 8).all() and lad.groupby("bucket_mb").size().to_dict() == \
+        {1.15: 3, 2.0: 3, 3.5: 3, 5.0: 3, 7.0: 3}
+    med = lad.groupby("bucket_mb")["step_s_p50"].median()
+    assert med.idxmin() == 5.0 and 1.15 < med[5.0] / 0.812 < 1.25
+    assert med[1.15] > 1.5 * med[5.0] and lad[lad["bucket_mb"] == 1.15]["cpu_util_sync"].min() > 0.9
+    assert (lad.groupby("bucket_mb")["cpu_util"].median().diff().dropna() < 0).all()  # fewer calls, less CPU
+    probes = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "probe_starts.csv")
+    assert len(probes) == 6 and probes["partition_bytes"].min() < 1.3e6 and probes["partition_bytes"].max() > 6e6
+    assert probes.sort_values("probe_fixed_ms")["partition_bytes"].is_monotonic_increasing
+
+
 def test_overlap_rate_ladder_claims():
     """results/overlap_rate_ladder's README: the 1 Gbit points that miss 1.10x close on their bounds as the rate
     (and the CPU a second) falls; at 250 Mbit within 1.10x (the ring's full at 1.101) with full beating
