@@ -84,7 +84,7 @@ def _reduce(cfg: TrainConfig, reducer) -> Synchronizer:
     from .sync.reducer import ReduceSync
 
     return ReduceSync(reducer, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.timeout_s,
-                      cfg.link_tuning)
+                      cfg.link_tuning, shared_cores=len(os.sched_getaffinity(0)) if cfg.net == "emulated" else None)
 
 
 def _none(cfg: TrainConfig) -> Synchronizer:

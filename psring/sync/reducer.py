@@ -106,9 +106,10 @@ class ReduceSync(Synchronizer):
 
     def __init__(self, reducer: Reducer, optim: OptimConfig, bucket_mb: float | None = 25.0,
                  first_bucket_mb: float = 1.0, overlap: str = "backward", timeout_s: float = 120.0,
-                 link_tuning: str = "off"):
+                 link_tuning: str = "off", shared_cores: int | None = None):
         """``bucket_mb`` None: partitions cut to the link measured at start where ``link_tuning`` asks for
-        a probe (``link_probe``), else ``UNTUNED_MB``."""
+        a probe (``link_probe``), else ``UNTUNED_MB``; ``shared_cores``: the cores every rank shares (an
+        emulated cluster), which keep the partitions as large as their CPU needs."""
         super().__init__(reducer.rank, reducer.world, reducer.device)
         self.reducer, self.optim_cfg, self.overlap = reducer, optim, overlap
         self.full, self.pending = overlap == "full", False  # pending: a full-overlap step not yet drained
@@ -117,6 +118,7 @@ class ReduceSync(Synchronizer):
         self.name = reducer.name
         self.cap = None if bucket_mb is None else int(bucket_mb * 2**20)
         self.first_cap, self.link_tuning, self.tuned = int(first_bucket_mb * 2**20), link_tuning, {}
+        self.shared_cores = shared_cores
         if reducer.uses_thread:
             reducer.use_comm(CommThread(timeout_s))
 
@@ -141,8 +143,9 @@ class ReduceSync(Synchronizer):
     def _tuned_cap(self, m_bytes: int) -> int:
         """The partition ``link_probe.reduce_partition_bytes`` cuts for the link measured now (every rank
         probes together and gets the same), or ``UNTUNED_MB`` where there is nothing to measure, and with
-        ``--overlap none``, where every bucket leaves after backward: no tail to shorten, only calls to count."""
-        from .link_probe import probe_collective, reduce_partition_bytes, wants_probe
+        ``--overlap none``, where every bucket leaves after backward: no tail to shorten, only calls to count.
+        On shared cores, at least ``link_probe.cores_partition_bytes``."""
+        from .link_probe import cores_partition_bytes, probe_collective, reduce_partition_bytes, wants_probe
 
         pg = getattr(self.reducer, "pg", None)
         deferred = not during_backward(self.overlap)
@@ -151,8 +154,11 @@ class ReduceSync(Synchronizer):
         plain = type(self.reducer).ranges is Reducer.ranges  # a codec keeps per-bucket state: probe without it
         probe = probe_collective(pg.group, self.world, self.device, self.reducer if plain else None)
         cap = reduce_partition_bytes(m_bytes, self.world, probe)
-        self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": cap}
-        return cap
+        floor = cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores) if self.shared_cores else 0
+        self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": max(cap, floor)}
+        if floor:
+            self.tuned.update(link_partition_bytes=cap, cores_partition_bytes=floor)
+        return max(cap, floor)
 
     def _ranges(self, layout) -> list[BucketRange]:
         """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) equal
