@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -32,7 +33,8 @@ import torch
 # Both beyond tbf's 1 MB burst; at 100 Mbit the larger takes 0.5 s (all-reduce, N = 4), at 10 Gbit 5 ms.
 PROBE_BYTES = (2 << 20, 6 << 20)
 REPEATS = 2  # the fastest of each size: one late start (a page fault, a scheduler tick) is not the link
-CALL_BYTES = 4 << 10  # a call of a few kB: its CPU is what a partition costs beyond its bytes
+CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median of seven: what a partition costs
+# beyond its bytes (a mean over two calls read 24-35 ms for the same gloo call at N = 8 on 2 cores)
 # The share of shared cores a step's reductions may take, by the probe's reading, over the step's communication
 # bound: the rest of a step (the kernel's links, the optimizer, the emulated gradients) took 0.3-0.4 of them in
 # results/overlap_n8_1gbit's partition ladder, whose fastest partitions (3.5-7 MiB) kept the reductions to
@@ -122,19 +124,20 @@ def probe_collective(group, world: int, device: torch.device, reducer=None, size
 
     reduce(torch.zeros(1024, device=device))  # connections up, buffers touched
     times, cpu = [], []
-    for nbytes in (CALL_BYTES, *sizes):
+    for nbytes, n in ((CALL_BYTES, CALL_REPEATS), (sizes[0], repeats), (sizes[1], repeats)):
         buf = torch.zeros(nbytes // 4, device=device)
-        best, c0 = math.inf, time.process_time()  # the process's CPU, every thread (gloo's included)
-        for _ in range(repeats):
+        best, used = math.inf, []
+        for _ in range(n):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()  # the process's CPU, every thread (gloo's too)
             reduce(buf)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - t0)
+            used.append(time.process_time() - c0)
         times.append(best)
-        cpu.append((time.process_time() - c0) / repeats)
+        cpu.append(statistics.median(used))
     if reducer is not None:
         reducer.take_messages()
     agreed = torch.tensor(times[1:], dtype=torch.float64, device=device)
