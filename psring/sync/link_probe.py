@@ -16,9 +16,9 @@ The fit sees time, not CPU. Where every rank shares one machine's cores (an emul
 reduction also costs CPU on all of them: at N = 8 on 2 cores a call of a few kB takes 0.024 core-seconds (gloo;
 the hand-written ring's 0.053), and partitions that the link alone would favour (1.2 MB at 1 Gbit) leave the
 cores saturated and double the step (``results/overlap_n8_1gbit``, its partition ladder). So the collective
-probe also reads the CPU its calls take, summed over the ranks (``call_cpu_s`` per call, ``byte_cpu_s`` per
-byte reduced), and ``cores_partition_bytes`` keeps the partitions as large as those cores need, as
-``ps.sharding.cores_chunks`` does for the PS's chunks.
+probe also reads the CPU a call of a few kB takes, summed over the ranks (``call_cpu_s``), and
+``cores_partition_bytes`` keeps the partitions as large as those cores need, as ``ps.sharding.cores_chunks``
+does for the PS's chunks.
 """
 from __future__ import annotations
 
@@ -35,11 +35,12 @@ PROBE_BYTES = (2 << 20, 6 << 20)
 REPEATS = 2  # the fastest of each size: one late start (a page fault, a scheduler tick) is not the link
 CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median of seven: what a partition costs
 # beyond its bytes (a mean over two calls read 24-35 ms for the same gloo call at N = 8 on 2 cores)
-# The share of shared cores a step's reductions may take, by the probe's reading, over the step's communication
-# bound: the rest of a step (the kernel's links, the optimizer, the emulated gradients) took 0.3-0.4 of them in
-# results/overlap_n8_1gbit's partition ladder, whose fastest partitions (3.5-7 MiB) kept the reductions to
-# 0.44-0.55 of the cores and whose slow ones took 0.72 (2 MiB) and 1.01 (1.15 MiB).
-REDUCE_CORE_SHARE = 0.5
+# The share of shared cores a step's partition calls may take (their CPU beyond their bytes, by the probe's
+# reading) over the step's communication bound: in results/overlap_n8_1gbit's partition ladder (N = 8, 1 Gbit,
+# 2 cores, a call 24-35 ms of CPU) the fastest partitions (3.5-7 MiB) kept the calls to 0.17-0.35 of the cores,
+# the slow ones took 0.40-0.59 (2 MiB) and 0.7-1.0 (1.15 MiB). The bytes' CPU is not in the budget: it is the
+# same whatever the partition, and a budget left after it swung the floor between 4 and 25 MB with the reading.
+CALLS_CORE_SHARE = 0.3
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -49,17 +50,16 @@ MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped
 class LinkProbe:
     """What the probe found: ``rate_Bps``, one worker's payload rate on the wire under the exchange's own
     contention; ``fixed_s``, an exchange's cost beyond its bytes (the fit's intercept, clamped). The
-    collective probe also gives the CPU of all ranks together (0: not read): ``call_cpu_s`` per call,
-    ``byte_cpu_s`` per byte of the reduced tensor."""
+    collective probe also gives ``call_cpu_s``, the CPU of all ranks together for a call of a few kB (0: not
+    read)."""
     rate_Bps: float
     fixed_s: float
     call_cpu_s: float = 0.0
-    byte_cpu_s: float = 0.0
 
     def as_dict(self) -> dict:
         out = {"probe_rate_Bps": round(self.rate_Bps), "probe_fixed_ms": round(self.fixed_s * 1e3, 3)}
         if self.call_cpu_s:
-            out.update(probe_call_cpu_ms=round(self.call_cpu_s * 1e3, 3), probe_byte_cpu_ns=round(self.byte_cpu_s * 1e9, 4))
+            out["probe_call_cpu_ms"] = round(self.call_cpu_s * 1e3, 3)
         return out
 
 
@@ -68,7 +68,7 @@ def fit(wire_bytes: tuple[float, float], times_s: tuple[float, float]) -> LinkPr
     negative (the larger size no slower) falls back to the larger point's mean rate.
 
     >>> fit((2e6, 6e6), (0.25, 0.65))  # 10 MB/s, 50 ms a call
-    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05, call_cpu_s=0.0, byte_cpu_s=0.0)
+    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05, call_cpu_s=0.0)
     """
     (s1, s2), (t1, t2) = wire_bytes, times_s
     if not (s2 > s1 > 0 and t1 > 0 and t2 > 0):
@@ -124,7 +124,7 @@ def probe_collective(group, world: int, device: torch.device, reducer=None, size
 
     reduce(torch.zeros(1024, device=device))  # connections up, buffers touched
     times, cpu = [], []
-    for nbytes, n in ((CALL_BYTES, CALL_REPEATS), (sizes[0], repeats), (sizes[1], repeats)):
+    for nbytes, n in ((CALL_BYTES, CALL_REPEATS), (sizes[0], repeats), (sizes[1], repeats)):  # CPU: the first
         buf = torch.zeros(nbytes // 4, device=device)
         best, used = math.inf, []
         for _ in range(n):
@@ -145,9 +145,8 @@ def probe_collective(group, world: int, device: torch.device, reducer=None, size
     summed = torch.tensor(cpu, dtype=torch.float64, device=device)
     dist.all_reduce(summed, group=group)  # every rank's CPU: what the machine's cores pay, where they share one
     t1, t2 = agreed.tolist()
-    c0, c1, c2 = summed.tolist()
     p = fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), (t1, t2))
-    return LinkProbe(p.rate_Bps, p.fixed_s, c0, max(0.0, (c2 - c1) / (sizes[1] - sizes[0])))
+    return LinkProbe(p.rate_Bps, p.fixed_s, float(summed[0]))
 
 
 def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
@@ -164,19 +163,16 @@ def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
 
 
 def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int) -> int:
-    """The smallest partition whose reductions' CPU fits where every rank shares ``cores`` (an emulated
-    cluster): M/b calls of ``call_cpu_s`` and M bytes of ``byte_cpu_s`` within ``REDUCE_CORE_SHARE`` of the
-    cores over the step's communication bound T = 2(N-1)/N * M / rate (as ``ps.sharding.cores_chunks`` keeps
-    the PS's chunks); ``MAX_PARTITION`` where the bytes alone take it, ``MIN_PARTITION`` without a CPU
-    reading.
+    """The smallest partition whose calls' CPU fits where every rank shares ``cores`` (an emulated cluster):
+    M/b calls of ``call_cpu_s`` within ``CALLS_CORE_SHARE`` of the cores over the step's communication bound
+    T = 2(N-1)/N * M / rate (as ``ps.sharding.cores_chunks`` keeps the PS's chunks); ``MIN_PARTITION``
+    without a CPU reading.
 
-    >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.024, byte_cpu_s=9.2e-9)  # gloo, N = 8, 1 Gbit, 2 cores
+    >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.030)  # gloo, N = 8, 1 Gbit, 2 cores
     >>> cores_partition_bytes(44_695_848, 8, probe, 2), cores_partition_bytes(44_695_848, 8, probe, 16)
-    (4418175, 262144)
+    (3417142, 427142)
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
-    spare = REDUCE_CORE_SHARE * cores * ring_wire(m_bytes, world) / probe.rate_Bps - probe.byte_cpu_s * m_bytes
-    if spare <= probe.call_cpu_s:
-        return MAX_PARTITION
-    return int(min(MAX_PARTITION, max(MIN_PARTITION, m_bytes * probe.call_cpu_s / spare)))
+    budget_s = CALLS_CORE_SHARE * cores * ring_wire(m_bytes, world) / probe.rate_Bps
+    return int(min(MAX_PARTITION, max(MIN_PARTITION, m_bytes * probe.call_cpu_s / budget_s)))
