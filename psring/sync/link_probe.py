@@ -37,12 +37,12 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # beyond its bytes (a mean over two calls read 24-35 ms for the same gloo call at N = 8 on 2 cores)
 # The share of shared cores a step's partition calls may take (their CPU beyond their bytes, by the probe's
 # reading) over the step's communication bound. In results/overlap_n8_1gbit's partition ladder (N = 8, 1 Gbit,
-# 2 cores, a call 24-35 ms of CPU) the calls of 1.15 MiB partitions took 0.7-1.0 of the cores and doubled the
-# step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s). Half the cores keeps out
-# the first and leaves the link's own fit its say elsewhere: at 100 Mbit, or N = 4, the floor is below its cut.
-# (Shares of 0.2 and 0.3 bound at 100 Mbit too, or put all-reduce's N = 8 points in single draws at 1.21-1.30x
-# against 1.16-1.20x; a budget left after the bytes' CPU swung the floor between 4 and 25 MB with the reading.)
-CALLS_CORE_SHARE = 0.5
+# 2 cores, a gloo call 24-35 ms of CPU) the calls of 1.15 MiB partitions took 0.7-1.0 of the cores and doubled
+# the step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s), of the best, 5 MiB,
+# about 0.2. The bytes' CPU is not in the budget: it is the same whatever the partition, and a budget left after
+# it swung the floor between 4 and 25 MB with the reading. (Half the cores, tried, let all-reduce's `full` cut
+# 2 MB there: 1.15 s in one draw.)
+CALLS_CORE_SHARE = 0.2
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -172,7 +172,7 @@ def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int
 
     >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.030)  # gloo, N = 8, 1 Gbit, 2 cores
     >>> cores_partition_bytes(44_695_848, 8, probe, 2), cores_partition_bytes(44_695_848, 8, probe, 16)
-    (2050285, 262144)
+    (5125714, 640714)
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
