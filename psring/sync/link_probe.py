@@ -13,8 +13,8 @@ the tail after backward; each one costs ``fixed``); the PS fits its chunks and c
 does to a known link (``ps.sharding.fitted_chunk_bytes``; its probe is ``ps.probe``).
 
 The fit sees time, not CPU. Where every rank shares one machine's cores (an emulated cluster) a partition's
-reduction also costs CPU on all of them: at N = 8 on 2 cores a call of a few kB takes 0.024 core-seconds (gloo;
-the hand-written ring's 0.053), and partitions that the link alone would favour (1.2 MB at 1 Gbit) leave the
+reduction also costs CPU on all of them: at N = 8 on 2 cores a call of a few kB takes 0.02-0.04 core-seconds
+(gloo's all-reduce and the hand-written ring alike), and partitions that the link alone would favour (1.2 MB at 1 Gbit) leave the
 cores saturated and double the step (``results/overlap_n8_1gbit``, its partition ladder). So the collective
 probe also reads the CPU a call of a few kB takes, summed over the ranks (``call_cpu_s``), and
 ``cores_partition_bytes`` keeps the partitions as large as those cores need, as ``ps.sharding.cores_chunks``
@@ -41,8 +41,15 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # the step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s), of the best, 5 MiB,
 # about 0.2. The bytes' CPU is not in the budget: it is the same whatever the partition, and a budget left after
 # it swung the floor between 4 and 25 MB with the reading. (Half the cores, tried, let all-reduce's `full` cut
-# 2 MB there: 1.15 s in one draw.)
-CALLS_CORE_SHARE = 0.2
+# 2 MB there: 1.15 s in one draw.) The rest of a step's CPU (the emulated gradients, the optimizer, the kernel's
+# links) is per rank, so the share is 0.2 at N = 8 and scales as 1/N: at N = 4 a floor at 0.2 cut the ring's
+# partitions to 2.8 MB and its `full` read 1.145x against 1.08x at the link's own 1.3 MB.
+CALLS_CORE_SHARE_N8 = 0.2
+
+
+def calls_core_share(world: int) -> float:
+    """The share of the shared cores a step's partition calls may take at ``world`` ranks."""
+    return min(1.0, CALLS_CORE_SHARE_N8 * 8 / max(1, world))
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -166,7 +173,7 @@ def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
 
 def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int) -> int:
     """The smallest partition whose calls' CPU fits where every rank shares ``cores`` (an emulated cluster):
-    M/b calls of ``call_cpu_s`` within ``CALLS_CORE_SHARE`` of the cores over the step's communication bound
+    M/b calls of ``call_cpu_s`` within ``calls_core_share(N)`` of the cores over the step's communication bound
     T = 2(N-1)/N * M / rate (as ``ps.sharding.cores_chunks`` keeps the PS's chunks); ``MIN_PARTITION``
     without a CPU reading.
 
@@ -176,5 +183,5 @@ def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
-    budget_s = CALLS_CORE_SHARE * cores * ring_wire(m_bytes, world) / probe.rate_Bps
+    budget_s = calls_core_share(world) * cores * ring_wire(m_bytes, world) / probe.rate_Bps
     return int(min(MAX_PARTITION, max(MIN_PARTITION, m_bytes * probe.call_cpu_s / budget_s)))
