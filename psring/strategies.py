@@ -8,7 +8,6 @@ docs/ARCHITECTURE.md, "How to add a strategy"). This module imports nothing heav
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -80,11 +79,18 @@ def _group(cfg: TrainConfig):
     return init_process_group(cfg.backend, cfg.timeout_s)
 
 
+def _shared_cores(cfg: TrainConfig) -> int | None:
+    """The cores every rank and server shares where the cluster is emulated on this machine, else None."""
+    from .launch.resources import cores
+
+    return cores() if cfg.net == "emulated" else None
+
+
 def _reduce(cfg: TrainConfig, reducer) -> Synchronizer:
     from .sync.reducer import ReduceSync
 
     return ReduceSync(reducer, cfg.optim, cfg.bucket_mb, cfg.first_bucket_mb, cfg.overlap, cfg.timeout_s,
-                      cfg.link_tuning, shared_cores=len(os.sched_getaffinity(0)) if cfg.net == "emulated" else None)
+                      cfg.link_tuning, shared_cores=_shared_cores(cfg))
 
 
 def _none(cfg: TrainConfig) -> Synchronizer:
@@ -157,7 +163,7 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                    compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
                    link_tuning=cfg.link_tuning,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers),
-                   shared_cores=len(os.sched_getaffinity(0)) if cfg.net == "emulated" else None)
+                   shared_cores=_shared_cores(cfg))
 
 
 REGISTRY: dict[str, Strategy] = {s.name: s for s in (

@@ -45,11 +45,6 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # links) is per rank, so the share is 0.2 at N = 8 and scales as 1/N: at N = 4 a floor at 0.2 cut the ring's
 # partitions to 2.8 MB and its `full` read 1.145x against 1.08x at the link's own 1.3 MB.
 CALLS_CORE_SHARE_N8 = 0.2
-
-
-def calls_core_share(world: int) -> float:
-    """The share of the shared cores a step's partition calls may take at ``world`` ranks."""
-    return min(1.0, CALLS_CORE_SHARE_N8 * 8 / max(1, world))
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -132,30 +127,30 @@ def probe_collective(group, world: int, device: torch.device, reducer=None, size
             reducer.launch(ProbeBucket(buf)).wait()
 
     reduce(torch.zeros(1024, device=device))  # connections up, buffers touched
-    times, cpu = [], []
-    for nbytes, n in ((CALL_BYTES, CALL_REPEATS), (sizes[0], repeats), (sizes[1], repeats)):  # CPU: the first
-        buf = torch.zeros(nbytes // 4, device=device)
-        best, used = math.inf, []
+    def timed(nbytes: int, n: int) -> tuple[float, list[float]]:
+        """The fastest of ``n`` reductions of ``nbytes`` and each one's CPU (the process's, every thread: gloo's too)."""
+        buf, best, used = torch.zeros(nbytes // 4, device=device), math.inf, []
         for _ in range(n):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            t0, c0 = time.perf_counter(), time.process_time()  # the process's CPU, every thread (gloo's too)
+            t0, c0 = time.perf_counter(), time.process_time()
             reduce(buf)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, time.perf_counter() - t0)
             used.append(time.process_time() - c0)
-        times.append(best)
-        cpu.append(statistics.median(used))
+        return best, used
+
+    call_cpu = statistics.median(timed(CALL_BYTES, CALL_REPEATS)[1])
+    t1, t2 = (timed(nbytes, repeats)[0] for nbytes in sizes)
     if reducer is not None:
         reducer.take_messages()
-    agreed = torch.tensor(times[1:], dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    summed = torch.tensor(cpu, dtype=torch.float64, device=device)
-    dist.all_reduce(summed, group=group)  # every rank's CPU: what the machine's cores pay, where they share one
-    t1, t2 = agreed.tolist()
-    p = fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), (t1, t2))
-    return LinkProbe(p.rate_Bps, p.fixed_s, float(summed[0]))
+    slowest = torch.tensor([t1, t2], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    total = torch.tensor([call_cpu], dtype=torch.float64, device=device)
+    dist.all_reduce(total, group=group)  # every rank's CPU: what the machine's cores pay, where they share one
+    p = fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), tuple(slowest.tolist()))
+    return LinkProbe(p.rate_Bps, p.fixed_s, total.item())
 
 
 def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
@@ -169,6 +164,11 @@ def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
     k = 2 * (world - 1) / world
     b = math.sqrt(m_bytes * probe.fixed_s * probe.rate_Bps / k)
     return int(min(MAX_PARTITION, max(MIN_PARTITION, b)))
+
+
+def calls_core_share(world: int) -> float:
+    """The share of the shared cores a step's partition calls may take at ``world`` ranks."""
+    return min(1.0, CALLS_CORE_SHARE_N8 * 8 / max(1, world))
 
 
 def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int) -> int:

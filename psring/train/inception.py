@@ -17,7 +17,7 @@ class BasicConv2d(nn.Sequential):
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, bias=False, **kw)
         self.bn = nn.BatchNorm2d(c_out, eps=0.001)
-        self.add_module("relu", nn.ReLU(inplace=True))
+        self.relu = nn.ReLU(inplace=True)
 
 
 def _avg3(x: torch.Tensor) -> torch.Tensor:

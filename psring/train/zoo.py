@@ -1,10 +1,10 @@
 """ImageNet models of published scaling results, for ``psring simulate`` to replay their gradients: use them
-as factories, ``--model psring.train.zoo:resnet101`` or ``psring.train.zoo:vgg16`` or ``psring.train.zoo:inception_v3`` (1,000
-classes, any input side of at least 32; Inception V3's of at least 75, 299 as published). Written in plain
-torch with torchvision's parameter counts (tested): ResNet-101 44,549,160, VGG-16 138,357,544, Inception V3
-23,834,568 (``inception.py``, without the auxiliary head). They are not in ``psring train``'s own list (``models.MODELS``): training
-them needs a measured memory footprint (``launch/resources.py``), and on 2 CPU cores a step of either takes
-longer than any sweep here allows.
+as factories, ``--model psring.train.zoo:resnet101``, ``psring.train.zoo:vgg16`` or
+``psring.train.zoo:inception_v3`` (1,000 classes, any input side of at least 32; Inception V3's of at least 75, 299
+as published). Written in plain torch with torchvision's parameter counts (tested): ResNet-101 44,549,160, VGG-16
+138,357,544, Inception V3 23,834,568 (``inception.py``, without the auxiliary head). They are not in ``psring
+train``'s own list (``models.MODELS``): training them needs a measured memory footprint
+(``launch/resources.py``), and on 2 CPU cores a step of any of them takes longer than any sweep here allows.
 
 VGG-16's gradients are the opposite of ResNet's: 89% of its 553 MB sit in the first fully connected layer
 (25,088 x 4,096) and the two after it, which backward reaches first, in a few percent of its time.
