@@ -42,34 +42,43 @@ def bucket(i: int) -> Bucket:
     return Bucket(i, 0, i, i + 1, [], torch.zeros(1))
 
 
-def _rank(rank: int, port: int, out, disjoint: bool = False) -> None:
+def _rank(rank: int, port: int, out, disjoint: bool = False, steps: int = 1) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         rec = Recorder()
-        sched = PriorityScheduler(rec, dist.new_group([0, 1], backend="gloo"), N_BUCKETS, timeout_s=30)
-        handles = []
-        if disjoint:  # rank 0: the last bucket, then 0.3 s later the rest; rank 1: one by one, the last last
-            order = [N_BUCKETS - 1, *range(N_BUCKETS - 1)] if rank == 0 else list(range(N_BUCKETS))
-            pause = [0.3] + [0.0] * N_BUCKETS if rank == 0 else [0.02] * N_BUCKETS
-        else:  # rank 0: every bucket at once; rank 1: the first half one by one, then the rest together
-            order = list(range(N_BUCKETS))
-            pause = [0.0] * N_BUCKETS if rank == 0 else [0.02] * (N_BUCKETS // 2) + [0.0] * N_BUCKETS
-        for i, wait in zip(order, pause):
-            handles.append(sched.submit(bucket(i)))
-            time.sleep(wait)
-        for h in handles:
-            h.wait()
+        sched = PriorityScheduler(rec, dist.new_group([0, 1], backend="gloo"), N_BUCKETS, timeout_s=30,
+                                  learn_steps=1)
+        rounds = []  # consensus rounds taken by the end of each step
+        for _ in range(steps):
+            submit_step(sched, rank, disjoint)
+            rounds.append(sched.decisions)
         sched.close()
-        out.put((rank, rec.order, sched.decisions))
+        out.put((rank, rec.order, rounds[0] if steps == 1 else rounds))
     finally:
         dist.destroy_process_group()
 
 
-def run_two(disjoint: bool) -> dict:
+def submit_step(sched: PriorityScheduler, rank: int, disjoint: bool) -> None:
+    """One step's buckets, each rank at its own times; returns once every one is reduced."""
+    handles = []
+    if disjoint:  # rank 0: the last bucket, then 0.3 s later the rest; rank 1: one by one, the last last
+        order = [N_BUCKETS - 1, *range(N_BUCKETS - 1)] if rank == 0 else list(range(N_BUCKETS))
+        pause = [0.3] + [0.0] * N_BUCKETS if rank == 0 else [0.02] * N_BUCKETS
+    else:  # rank 0: every bucket at once; rank 1: the first half one by one, then the rest together
+        order = list(range(N_BUCKETS))
+        pause = [0.0] * N_BUCKETS if rank == 0 else [0.02] * (N_BUCKETS // 2) + [0.0] * N_BUCKETS
+    for i, wait in zip(order, pause):
+        handles.append(sched.submit(bucket(i)))
+        time.sleep(wait)
+    for h in handles:
+        h.wait()
+
+
+def run_two(disjoint: bool, steps: int = 1) -> dict:
     port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, port, out, disjoint), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=_rank, args=(r, port, out, disjoint, steps), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     try:
@@ -98,6 +107,17 @@ def test_no_rank_spins_while_another_is_behind():
     got = run_two(disjoint=True)
     assert got[0][0] == got[1][0] and sorted(got[0][0]) == list(range(N_BUCKETS)), got
     assert got[0][1] == got[1][1] <= 2 * N_BUCKETS + 2, got
+
+
+def test_later_steps_keep_the_learned_order_without_rounds():
+    """After ``learn_steps`` (1 here) the ranks launch in the order they agreed on, whatever their timing,
+    and take no more consensus rounds."""
+    got = run_two(disjoint=False, steps=3)
+    assert got[0][0] == got[1][0], got  # still one order on both ranks
+    order = got[0][0]
+    assert order[:N_BUCKETS] == order[N_BUCKETS:2 * N_BUCKETS] == order[2 * N_BUCKETS:], order
+    rounds = got[0][1]
+    assert rounds[0] >= N_BUCKETS and rounds[0] == rounds[1] == rounds[2], got  # the first step's rounds only
 
 
 def free_port() -> int:

@@ -8,7 +8,8 @@ rank shares.
   rank; the step ends once every unit is back, and the next forward starts then.
 * ``full``: the priority scheduler (``sync.schedule``): a decision takes the highest index ready on every
   rank, once fewer than ``CREDITS`` reductions are in flight on every rank, after a consensus round
-  (2(N-1) alpha); the next forward starts right after backward and each parameter's share of it waits for
+  (2(N-1) alpha), for ``LEARN_STEPS`` steps; later steps keep the last of those steps' order, with no
+  rounds (each rank enters a unit once it is ready there); the next forward starts right after backward and each parameter's share of it waits for
   the units holding that parameter (``sync.overlap``'s gates); the waits are booked as sync, as the trainer
   books them.
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sync.ring import chunk_sizes, schedule
-from ..sync.schedule import CREDITS
+from ..sync.schedule import CREDITS, LEARN_STEPS
 
 SEND, RECV = 1, 2
 
@@ -186,6 +187,7 @@ class OverlapReplay:
         self.cursor, self.param, self.waiting = [0.0] * n, [0] * n, [False] * n
         self.ready: dict = {}  # (step, unit) -> ranks it is ready on (full)
         self.deciding, self.next_step, self.decided = False, 0, set()
+        self.orders: dict[int, list[int]] = {}  # step -> its units in the order decided
         for r in range(n):
             self._begin(r)
 
@@ -242,6 +244,8 @@ class OverlapReplay:
         if self.deciding or self.next_step >= self.cfg.steps or min(ring.seq) < k - CREDITS + 1:
             return
         s = self.next_step
+        if s >= LEARN_STEPS > 0:  # the order kept: the next unit in it, no round
+            return self._commit(s, self.orders[LEARN_STEPS - 1][len(self.orders.get(s, ()))])
         ready = [u for u in range(self.units) if (s, u) not in self.decided
                  and self.ready.get((s, u), 0) == self.cfg.workers]
         if ready:
@@ -251,6 +255,7 @@ class OverlapReplay:
     def _commit(self, s: int, u: int) -> None:
         self.deciding = False
         self.decided.add((s, u))
+        self.orders.setdefault(s, []).append(u)
         if sum(1 for x in self.decided if x[0] == s) == self.units:
             self.next_step += 1
         self.prog.append(s, u)

@@ -9,7 +9,9 @@ of workers: ``overlapped.OverlapReplay``'s priority scheduler and gated forward,
   several made ready at one instant by the same parameter, the flow replay sees the lowest first: its ready
   events fire in index order) and commits it after a consensus round of 2(N-1) alphas;
 * a committed unit is reduced on ``vector.VectorRing`` in commit order, each rank entering it once it is done
-  with the one before.
+  with the one before;
+* from step ``LEARN_STEPS`` on, the units are committed in the last learning step's order with no round and no
+  wait for readiness everywhere, each rank entering a unit once it is ready there.
 
 ``tests/test_simulate_vector_overlap.py`` holds it equal to the flow replay.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sync.schedule import CREDITS
+from ..sync.schedule import CREDITS, LEARN_STEPS
 
 
 def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
@@ -33,6 +35,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
     back = np.zeros((units, n))  # when each unit of the last step was summed on each rank
     done_at: list[float] = []  # per reduction, in commit order: when its last rank had the sum
     committed = -np.inf
+    learned: list[int] = []  # the last learning step's commit order
     for s in range(cfg.steps):
         c = np.asarray(compute[s], dtype=np.float64)
         forward_s, backward_s = c * FORWARD_SHARE, c * (1 - FORWARD_SHARE)
@@ -44,8 +47,17 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
                 start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
         ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
         add_step(records, cfg, s, began, began + c, start + backward_s, sent)
+        if s >= LEARN_STEPS > 0:
+            for u in learned:
+                k = len(done_at)
+                committed = max(committed, done_at[k - CREDITS] if k >= CREDITS else -np.inf)
+                inside = ring.reduce(u, np.maximum(np.maximum(inside, committed), ready[u]))
+                back[u] = inside
+                done_at.append(float(inside.max()))
+            began = start + backward_s
+            continue
         everywhere = ready.max(axis=1)
-        left = set(range(units))
+        left, order = set(range(units)), []
         while left:
             k = len(done_at)
             slots = done_at[k - CREDITS] if k >= CREDITS else -np.inf
@@ -58,9 +70,11 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
                 pick = [u for u in left if everywhere[u] <= t0]
             u = max(pick)
             left.discard(u)
+            order.append(u)
             committed = t0 + consensus
             inside = ring.reduce(u, np.maximum(inside, committed))
             back[u] = inside
             done_at.append(float(inside.max()))
+        learned = order
         began = start + backward_s
     return records

@@ -19,6 +19,14 @@ No rank spins: a round in which nothing is ready everywhere tells each rank, fro
 it lacks a bucket another has (it is behind, and waits for its own next bucket before asking again) or
 not (it asks again at once and blocks in the all-reduce until the ranks behind join).
 
+A consensus round is a collective of its own: on ranks that share a few cores it costs 20-40 ms of
+every rank's CPU (traced at N = 8 on 2 cores, 1 Gbit), once per partition. So the ranks agree round by
+round for ``learn_steps`` steps only, then keep the last such step's order (``order``) and launch each
+bucket in it as soon as it is ready here and a credit is free, with no round at all: TicTac's fixed order
+(Hashemi et al., SysML'19), learned from the run's own timing instead of derived from the graph. Every
+rank learned the same order from the same rounds, so the collectives still line up; where a later step's
+timing differs, a rank waits for the bucket next in the order instead of launching another.
+
 ``submit`` (from backward's hooks) returns at once with a handle the trainer waits on, as
 ``Reducer.launch``'s does, so ``ReduceSync`` and its per-bucket updates are the same with or without it.
 """
@@ -38,6 +46,8 @@ from .reducer import Reducer
 # Reductions in flight: one on the link, the next agreed on and queued behind it. Emulated 1 Gbit, N = 4,
 # ResNet-18, ring --overlap full: 1 credit (no pipelining) 1.00 s a step, 2 credits 0.76 s, 3 credits 0.77 s
 CREDITS = 2
+# Steps agreed on round by round before their order is kept: the first has no forward to overlap with.
+LEARN_STEPS = 2
 
 
 def consensus_group(world: int, timeout_s: float):
@@ -47,8 +57,12 @@ def consensus_group(world: int, timeout_s: float):
 
 
 class PriorityScheduler:
-    def __init__(self, reducer: Reducer, group, nbuckets: int, timeout_s: float, credits: int = CREDITS):
+    def __init__(self, reducer: Reducer, group, nbuckets: int, timeout_s: float, credits: int = CREDITS,
+                 learn_steps: int = LEARN_STEPS):
+        """``learn_steps``: steps agreed on round by round before their order is kept (0: every step)."""
         self.reducer, self.group, self.n, self.timeout_s = reducer, group, nbuckets, timeout_s
+        self.learn_steps = learn_steps
+        self.order: list[int] | None = None  # the launch order kept once learned
         self.world = dist.get_world_size(group)
         self.cond = threading.Condition()
         self.pending: dict[int, tuple[Bucket, FutureHandle]] = {}  # ready here, not yet reduced
@@ -85,9 +99,16 @@ class PriorityScheduler:
         self.completer.join(timeout=5)
 
     def _run(self) -> None:
+        if self._agree():
+            self._replay()
+
+    def _agree(self) -> bool:
+        """Consensus rounds, one per launch, until ``learn_steps`` steps are launched; True once the last
+        one's order is kept, False when stopped or failed."""
         counts = torch.zeros(self.n, dtype=torch.int32)
         behind_at = None  # the submit count at a round that showed this rank behind: wait until it moves
-        while True:
+        launched: list[int] = []
+        while self.learn_steps <= 0 or len(launched) < self.learn_steps * self.n:
             if not self.credits.acquire(timeout=self.timeout_s):
                 continue  # every credit out for a whole timeout: the completer reports that failure
             with self.cond:
@@ -95,7 +116,7 @@ class PriorityScheduler:
                     self.credits.release()
                     continue  # idle between runs' phases: nothing to agree on
                 if self.stop or self.failed:
-                    return
+                    return False
                 counts.zero_()
                 mine = list(self.pending)
                 counts[mine] = 1
@@ -114,14 +135,38 @@ class PriorityScheduler:
                     b, h = self.pending.pop(max(everywhere))
             except BaseException as e:  # noqa: BLE001 - the consensus failed: every waiting bucket fails
                 self._fail(e)
-                return
-            try:
-                self.launched.put((self.reducer.launch(b), h))
-            except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer, and to every later bucket
-                h.error = e
-                h.done.set()
-                self._fail(e)
-                return
+                return False
+            if not self._launch(b, h):
+                return False
+            launched.append(b.index)
+        self.order = launched[-self.n:]
+        return True
+
+    def _replay(self) -> None:
+        """Launch every step's buckets in ``order``, each once it is ready here and a credit is free."""
+        while True:
+            for i in self.order:
+                while not self.credits.acquire(timeout=self.timeout_s):
+                    if self.stop or self.failed:
+                        return
+                with self.cond:
+                    while not (self.stop or self.failed is not None or i in self.pending):
+                        self.cond.wait(self.timeout_s)  # idle between runs' phases: keep waiting
+                    if self.stop or self.failed:
+                        return
+                    b, h = self.pending.pop(i)
+                if not self._launch(b, h):
+                    return
+
+    def _launch(self, b: Bucket, h: FutureHandle) -> bool:
+        try:
+            self.launched.put((self.reducer.launch(b), h))
+            return True
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer, and to every later bucket
+            h.error = e
+            h.done.set()
+            self._fail(e)
+            return False
 
     def _moved(self, behind_at: int | None) -> bool:
         """Time for a round: stopping, failed, or something pending and (if behind) a new submit since."""
