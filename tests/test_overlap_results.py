@@ -49,8 +49,10 @@ def test_within_10_percent_of_the_bound_at_compute_comm_1(runs):
     assert (ps_full["chunk_drain"] == 4).all() and (ps_full["chunk_cores"] == 2).all()
     assert (at(ps_full, workers=4)["step_over_bound"] <= 1.05).all() and (at(ps_full, workers=2)["step_over_bound"] <= 1.02).all()
     # the reduce family's new scheduler at N = 8: within 5% (the previous one's ring: 1.14x; rerun 2026-12-05 with
-    # the partitions' floor from the shared cores, 430-560 KB against the link's 370 KB: the ring's full 1.050x)
+    # the partitions' floor from the shared cores, 430-560 KB against the link's 370 KB: the ring's full 1.050x;
+    # with the order kept after two steps 1.023x)
     assert (at(overlapped, workers=8)[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.051).all()
+    assert (at(overlapped, overlap="full")[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.026).all()
 
 
 def test_full_beats_backward(runs):
@@ -67,20 +69,20 @@ def test_full_beats_backward(runs):
 
 def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2; the
-    reduce family's full points 1.08-1.09x with its updates (3-4% of a step) in the bound, 1.10-1.11x
-    without them; the PS's full point at N = 2 1.08x with the chunk fitted for full, at N = 4 1.24x with
+    reduce family's full points 1.05-1.06x with its updates (3-4% of a step) in the bound (1.08-1.09x before
+    the order was kept after two steps), more without them; the PS's full point at N = 2 1.08x with the chunk fitted for full, at N = 4 1.24x with
     the cores it would need at its bound near 1."""
     g = at(runs, link_rate="1gbit")
     back = at(g, overlap="backward")
     assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
     full = at(g, overlap="full")
     reduce, ps = full[full["sync"] != "ps"], full[full["sync"] == "ps"]
-    assert reduce["step_over_bound"].between(1.07, 1.10).all()
+    assert reduce["step_over_bound"].between(1.05, 1.07).all()
     ps_by_n = ps.set_index("workers")
     assert ps_by_n.loc[2, "step_over_bound"] < 1.10 and ps_by_n.loc[2, "chunk_drain"] == 4
     assert 1.15 < ps_by_n.loc[4, "step_over_bound"] < 1.25 and ps_by_n.loc[4, "cpu_at_bound"] > 0.9
     unupdated = with_bounds(reduce.drop(columns=["step_bound_s", "step_over_bound"]).assign(update_s_p50=0.0))
-    assert unupdated["step_over_bound"].between(1.09, 1.12).all()
+    assert (unupdated["step_over_bound"] > reduce["step_over_bound"] + 0.015).all()
     assert (g[g["sync"] != "ps"]["update_s_p50"] / g[g["sync"] != "ps"]["step_bound_s"]).between(0.015, 0.05).all()
 
 
@@ -165,9 +167,10 @@ def test_overlap_chunks_claims():
 
 
 def test_overlap_n8_1gbit_claims():
-    """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family with its partitions floored by the
-    shared cores (4-7 MB, above the link's own cut): both backward points within 1.10x, both full points above it
-    with the ring's full now faster than its backward (it was 1.57 s against 1.29 s)."""
+    """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family's partitions at least the floor
+    from the shared cores: both backward points within 1.10x, both full points above it, all-reduce's at 1.11x and
+    1.15x faster than its backward with the order kept after two steps; the ring's full faster than its backward
+    (it was 1.57 s against 1.29 s before the floor)."""
     df = table("overlap_n8_1gbit")
     assert (df["status"] == "ok").all() and len(df) == 6
     at_bound = df["cpu_at_bound"]
@@ -175,13 +178,12 @@ def test_overlap_n8_1gbit_claims():
     ps, ring, ar = (at(df, sync=s).set_index("overlap") for s in ("ps", "ring", "allreduce"))
     assert ps["cpu_saturated"].astype(bool).all()
     reduce = df[df["sync"] != "ps"]
-    assert (reduce["partition_bytes"] == reduce["cores_partition_bytes"]).all()  # the floor decided every one
-    assert (reduce["partition_bytes"] > reduce["link_partition_bytes"]).all()
-    assert reduce["partition_bytes"].between(4e6, 7e6).all()
+    part = reduce["partition_bytes"]
+    assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 3e6).all()
     assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.10
-    assert 1.10 < ring.loc["full", "step_over_bound"] < 1.25 and 1.10 < ar.loc["full", "step_over_bound"] < 1.25
-    assert 1.10 < ring.loc["backward", "step_s_p50"] / ring.loc["full", "step_s_p50"] < 1.15
-    assert 1.0 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
+    assert 1.10 < ring.loc["full", "step_over_bound"] < 1.30 and 1.10 < ar.loc["full", "step_over_bound"] < 1.12
+    assert 1.0 < ring.loc["backward", "step_s_p50"] / ring.loc["full", "step_s_p50"] < 1.15
+    assert 1.14 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
 
 
 def test_overlap_n8_1gbit_partition_ladder_claims():
@@ -197,6 +199,23 @@ def test_overlap_n8_1gbit_partition_ladder_claims():
     probes = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "probe_starts.csv")
     assert len(probes) == 6 and probes["partition_bytes"].min() < 1.3e6 and probes["partition_bytes"].max() > 6e6
     assert probes.sort_values("probe_fixed_ms")["partition_bytes"].is_monotonic_increasing
+
+
+def test_overlap_n8_1gbit_learned_order_claims():
+    """results/overlap_n8_1gbit's A/B of the priority scheduler's order (kept after two steps against agreed on at
+    every step, alternating, four pairs per strategy): the kept order is faster in 7 of 8 pairs, by a median of
+    3% (all-reduce) and 6% (the ring) a step; all-reduce takes less of the cores, the ring about the same a step."""
+    ab = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "learned_order_ab.csv")
+    assert len(ab) == 16 and ab.groupby(["sync", "arm"]).size().eq(4).all()
+    wide = ab.pivot_table(index=["sync", "pair"], columns="arm", values=["step_s_p50", "cpu_util"])
+    ratio = wide["step_s_p50"]["learned"] / wide["step_s_p50"]["consensus"]
+    assert (ratio < 1).sum() == 7
+    med = ratio.groupby("sync").median()
+    assert 0.95 < med["allreduce"] < 0.98 and 0.92 < med["ring"] < 0.96, med
+    cpu = wide["cpu_util"].groupby("sync").median()
+    assert cpu.loc["allreduce", "learned"] < 0.9 * cpu.loc["allreduce", "consensus"], cpu
+    per_step = (wide["cpu_util"] * wide["step_s_p50"]).groupby("sync").median()
+    assert per_step.loc["ring", "learned"] == pytest.approx(per_step.loc["ring", "consensus"], rel=0.05), per_step
 
 
 def test_overlap_rate_ladder_claims():
@@ -217,8 +236,13 @@ def test_overlap_rate_ladder_claims():
     assert (reduce["partition_bytes"] >= reduce["cores_partition_bytes"]).all()
     assert (reduce["cores_partition_bytes"] > reduce["link_partition_bytes"]).sum() >= 11
     assert (at(reduce, overlap="backward")["step_over_bound"] < 1.05).all()
-    ring_mid = at(df, sync="ring", link_rate="500mbit", overlap="full").iloc[0]
-    assert ring_mid["step_over_bound"] < 1.10 and ring_mid["cpu_at_bound"] < 0.6
+    mid = at(df, link_rate="500mbit", overlap="full")
+    assert mid["step_over_bound"].between(1.10, 1.14).all() and (mid["cpu_at_bound"] < 0.8).all()
+    ab = pd.read_csv(RESULTS / "overlap_rate_ladder" / "learned_order_500mbit.csv")
+    wide = ab.pivot_table(index=["sync", "pair"], columns="arm", values=["step_s_p50", "cpu_util"])
+    ratio = (wide["step_s_p50"]["learned"] / wide["step_s_p50"]["consensus"]).groupby("sync").median()
+    assert len(ab) == 12 and ratio["ring"] < 0.98 and abs(ratio["allreduce"] - 1) < 0.01, ratio
+    assert (wide["cpu_util"]["learned"] < wide["cpu_util"]["consensus"]).all()
     gig = at(df, link_rate="1gbit", overlap="full").set_index("sync")["cpu_at_bound"]
     assert gig["ps"] > 1.0 and gig["ring"] < 0.8 and gig["allreduce"] < 0.8
     # not all of it is the CPU: the PS's full at 500 Mbit (its chunk fitted with CORE_SHARE 0.85) is 1.12x with

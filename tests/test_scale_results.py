@@ -222,8 +222,8 @@ def test_scale_codecs_claims():
 
 def test_scale_overlap_ring_claims():
     """results/scale_overlap_ring's README: the numpy replays carry the ring's modes to 1,024 workers, equal to the
-    flow replay's rows at N <= 32; full leads backward at 10 Gbit/s up to 128, ties at 256 and trails from 512, and
-    trails at every N at 25 Gbit/s; overlap's gain over none shrinks with N."""
+    flow replay's rows at N <= 32; with the priority order kept after two steps, full leads backward at every N at
+    10 Gbit/s, and at 25 Gbit/s trails it up to 256 and leads at 512 and 1,024; overlap's gain over none shrinks."""
     raw = pd.read_csv(FOLDER.parent / "scale_overlap_ring" / "runs.csv")
     assert (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all() and len(raw) == 49
     df = raw[raw["workers"] > 1]
@@ -234,10 +234,10 @@ def test_scale_overlap_ring_claims():
     mine = df.pivot_table(index=["link_rate", "workers"], columns="overlap", values="step_s_p50")
     assert (mine.loc[flow.index] - flow).abs().max().max() < 1e-6
     ten, quarter = eff.xs("10gbit"), eff.xs("25gbit")
-    assert (ten.loc[[8, 16, 32, 64, 128], "full"] > ten.loc[[8, 16, 32, 64, 128], "backward"]).all()
-    assert ten.loc[256, "full"] == pytest.approx(ten.loc[256, "backward"], abs=0.005)
-    assert (ten.loc[[512, 1024], "full"] < ten.loc[[512, 1024], "backward"]).all()
-    assert (quarter["full"] < quarter["backward"]).all()
+    assert (ten["full"] > ten["backward"]).all()
+    few, many = [8, 16, 32, 64, 128, 256], [512, 1024]
+    assert (quarter.loc[few, "full"] < quarter.loc[few, "backward"]).all()
+    assert (quarter.loc[many, "full"] > quarter.loc[many, "backward"]).all()
     gain = eff["backward"] / eff["none"]
     for rate in ("10gbit", "25gbit"):
         assert gain[(rate, 8)] > 1.3 and gain[(rate, 1024)] < 1.25
