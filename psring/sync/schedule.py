@@ -194,3 +194,4 @@ class PriorityScheduler:
                 h.error = e
                 h.done.set()
             self.pending.clear()
+            self.cond.notify_all()  # a scheduler waiting for a bucket sees the failure now, not at its timeout
