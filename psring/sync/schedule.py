@@ -138,7 +138,8 @@ class PriorityScheduler:
                 return False
             if not self._launch(b, h):
                 return False
-            launched.append(b.index)
+            if self.learn_steps > 0:  # (0: every step agreed on; nothing to keep)
+                launched.append(b.index)
         self.order = launched[-self.n:]
         return True
 
