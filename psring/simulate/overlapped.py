@@ -186,7 +186,7 @@ class OverlapReplay:
         self.back: list[dict] = [{} for _ in range(n)]  # step -> units summed on this rank
         self.cursor, self.param, self.waiting = [0.0] * n, [0] * n, [False] * n
         self.ready: dict = {}  # (step, unit) -> ranks it is ready on (full)
-        self.deciding, self.next_step, self.decided = False, 0, set()
+        self.deciding, self.next_step = False, 0
         self.orders: dict[int, list[int]] = {}  # step -> its units in the order decided
         for r in range(n):
             self._begin(r)
@@ -246,17 +246,16 @@ class OverlapReplay:
         s = self.next_step
         if s >= LEARN_STEPS > 0:  # the order kept: the next unit in it, no round
             return self._commit(s, self.orders[LEARN_STEPS - 1][len(self.orders.get(s, ()))])
-        ready = [u for u in range(self.units) if (s, u) not in self.decided
-                 and self.ready.get((s, u), 0) == self.cfg.workers]
+        decided = self.orders.get(s, ())
+        ready = [u for u in range(self.units) if u not in decided and self.ready.get((s, u), 0) == self.cfg.workers]
         if ready:
             self.deciding = True
             self.net.at(self.net.now + self.consensus_s, lambda: self._commit(s, max(ready)))
 
     def _commit(self, s: int, u: int) -> None:
         self.deciding = False
-        self.decided.add((s, u))
         self.orders.setdefault(s, []).append(u)
-        if sum(1 for x in self.decided if x[0] == s) == self.units:
+        if len(self.orders[s]) == self.units:
             self.next_step += 1
         self.prog.append(s, u)
         self._decide()
