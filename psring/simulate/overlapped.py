@@ -46,7 +46,8 @@ class _PlanOnly:
 
 def unit_ranges(cfg, layout, cap_bytes: int):
     """The units ``ReduceSync._ranges`` cuts with this overlap mode (whole-parameter buckets after a first
-    small one; with ``full``, equal partitions that may split a parameter)."""
+    small one; with ``full``, partitions cut at the parameters' boundaries, a larger one split:
+    ``buckets.aligned_ranges``)."""
     from types import SimpleNamespace
 
     from ..sync.reducer import ReduceSync

@@ -28,7 +28,7 @@ from torch import nn
 from ..config import OptimConfig
 from ..strategies import during_backward
 from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
-from .buckets import Bucket, BucketRange, GradBuckets, flat_layout, param_ranges, space_sizes
+from .buckets import Bucket, BucketRange, GradBuckets, aligned_ranges, flat_layout, param_ranges, space_sizes
 from .handles import CommThread, FutureHandle, Handle, WorkHandle  # noqa: F401 - imported from here too
 from .overlap import Waits, buckets_of, install_gates, update_units
 
@@ -161,15 +161,14 @@ class ReduceSync(Synchronizer):
         return max(cap, floor)
 
     def _ranges(self, layout) -> list[BucketRange]:
-        """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) equal
-        partitions of at most ``--bucket-mb`` that may split a parameter, so that a bucket the next
-        forward needs first never waits behind a 9.4 MB tensor (a reducer with buckets of its own, e.g.
-        a codec's, keeps them)."""
+        """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) partitions
+        of at most ``--bucket-mb`` cut at the parameters' boundaries, a larger parameter split in equal
+        pieces (``buckets.aligned_ranges``), so that a bucket the next forward needs first never waits
+        behind a 9.4 MB tensor, nor for the next tensor's gradient (a reducer with buckets of its own, e.g. a
+        codec's, keeps them)."""
         if not (self.scheduled and type(self.reducer).ranges is Reducer.ranges):
             return self.reducer.ranges(layout, self.cap, self.first_cap)
-        from .ps.sharding import plan_chunks
-
-        return plan_chunks(*space_sizes(layout), 1, self.cap, split=True)
+        return aligned_ranges(*space_sizes(layout), self.cap)
 
     def _attach_full(self, model: nn.Module) -> None:
         """One optimizer per bucket's unit (``overlap.update_units``), sharing the main one's state, so a
