@@ -161,14 +161,16 @@ class ReduceSync(Synchronizer):
         return max(cap, floor)
 
     def _ranges(self, layout) -> list[BucketRange]:
-        """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) partitions
-        of at most ``--bucket-mb`` cut at the parameters' boundaries, a larger parameter split in equal
-        pieces (``buckets.aligned_ranges``), so that a bucket the next forward needs first never waits
+        """The reducer's buckets; for the priority scheduler (``--overlap full`` over collectives) as many
+        partitions as ``--bucket-mb`` makes of the model, cut at the parameters' boundaries and a large one
+        in equal pieces (``buckets.aligned_ranges``), so that a bucket the next forward needs first never waits
         behind a 9.4 MB tensor, nor for the next tensor's gradient (a reducer with buckets of its own, e.g. a
         codec's, keeps them)."""
         if not (self.scheduled and type(self.reducer).ranges is Reducer.ranges):
             return self.reducer.ranges(layout, self.cap, self.first_cap)
-        return aligned_ranges(*space_sizes(layout), self.cap)
+        spaces, itemsizes = space_sizes(layout)
+        m_bytes = sum(sum(sz) * item for sz, item in zip(spaces, itemsizes))
+        return aligned_ranges(spaces, itemsizes, -(-m_bytes // self.cap))
 
     def _attach_full(self, model: nn.Module) -> None:
         """One optimizer per bucket's unit (``overlap.update_units``), sharing the main one's state, so a
