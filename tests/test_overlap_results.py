@@ -50,9 +50,9 @@ def test_within_10_percent_of_the_bound_at_compute_comm_1(runs):
     assert (at(ps_full, workers=4)["step_over_bound"] <= 1.05).all() and (at(ps_full, workers=2)["step_over_bound"] <= 1.02).all()
     # the reduce family's new scheduler at N = 8: within 5% (the previous one's ring: 1.14x; rerun 2026-12-05 with
     # the partitions' floor from the shared cores, 430-560 KB against the link's 370 KB: the ring's full 1.050x;
-    # with the order kept after two steps 1.023x)
+    # with the order kept after two steps 1.023x; with the aligned cut 1.028x)
     assert (at(overlapped, workers=8)[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.051).all()
-    assert (at(overlapped, overlap="full")[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.026).all()
+    assert (at(overlapped, overlap="full")[lambda d: d["sync"] != "ps"]["step_over_bound"] <= 1.03).all()
 
 
 def test_full_beats_backward(runs):
@@ -69,7 +69,7 @@ def test_full_beats_backward(runs):
 
 def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2; the
-    reduce family's full points 1.05-1.06x with its updates (3-4% of a step) in the bound (1.08-1.09x before
+    reduce family's full points 1.06-1.08x with its updates (3-4% of a step) in the bound (1.08-1.09x before
     the order was kept after two steps), more without them; the PS's full point at N = 2 1.08x with the chunk fitted for full, at N = 4 1.24x with
     the cores it would need at its bound near 1."""
     g = at(runs, link_rate="1gbit")
@@ -77,7 +77,7 @@ def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
     full = at(g, overlap="full")
     reduce, ps = full[full["sync"] != "ps"], full[full["sync"] == "ps"]
-    assert reduce["step_over_bound"].between(1.05, 1.07).all()
+    assert reduce["step_over_bound"].between(1.05, 1.08).all()
     ps_by_n = ps.set_index("workers")
     assert ps_by_n.loc[2, "step_over_bound"] < 1.10 and ps_by_n.loc[2, "chunk_drain"] == 4
     assert 1.15 < ps_by_n.loc[4, "step_over_bound"] < 1.25 and ps_by_n.loc[4, "cpu_at_bound"] > 0.9
@@ -168,9 +168,9 @@ def test_overlap_chunks_claims():
 
 def test_overlap_n8_1gbit_claims():
     """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family's partitions at least the floor
-    from the shared cores: both backward points within 1.10x, both full points above it, all-reduce's at 1.11x and
-    1.15x faster than its backward with the order kept after two steps; the ring's full faster than its backward
-    (it was 1.57 s against 1.29 s before the floor)."""
+    from the shared cores: both backward points within 1.10x, both full points above it (the aligned cut's single
+    starts: the ring 1.17x, all-reduce 1.25x on a 5.6 MB draw); the ring's full faster than its backward (it was
+    1.57 s against 1.29 s before the floor)."""
     df = table("overlap_n8_1gbit")
     assert (df["status"] == "ok").all() and len(df) == 6
     at_bound = df["cpu_at_bound"]
@@ -181,9 +181,9 @@ def test_overlap_n8_1gbit_claims():
     part = reduce["partition_bytes"]
     assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 3e6).all()
     assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.10
-    assert 1.10 < ring.loc["full", "step_over_bound"] < 1.30 and 1.10 < ar.loc["full", "step_over_bound"] < 1.12
-    assert 1.0 < ring.loc["backward", "step_s_p50"] / ring.loc["full", "step_s_p50"] < 1.15
-    assert 1.14 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
+    assert 1.10 < ring.loc["full", "step_over_bound"] < 1.20 and 1.20 < ar.loc["full", "step_over_bound"] < 1.30
+    assert 1.10 < ring.loc["backward", "step_s_p50"] / ring.loc["full", "step_s_p50"] < 1.15
+    assert 1.0 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.05
 
 
 def test_overlap_n8_1gbit_partition_ladder_claims():
@@ -220,7 +220,8 @@ def test_overlap_n8_1gbit_learned_order_claims():
 
 def test_overlap_rate_ladder_claims():
     """results/overlap_rate_ladder's README: the 1 Gbit points that miss 1.10x close on their bounds as the rate
-    (and the CPU a second) falls; at 250 Mbit within 1.10x with full beating backward by 1.14x or more; the reduce
+    (and the CPU a second) falls; at 250 Mbit within 1.10x with full beating backward by 1.14x or more; at 500 Mbit
+    the reduce family's full within 1.10x since the aligned cut, the PS's at 1.12x; the reduce
     family's partitions floored by the shared cores (its rows rerun), every backward within 1.05x; at 1 Gbit the PS's
     full needs the whole machine at its bound."""
     df = table("overlap_rate_ladder")
@@ -234,10 +235,10 @@ def test_overlap_rate_ladder_claims():
         assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.14
     reduce = df[df["sync"] != "ps"]
     assert (reduce["partition_bytes"] >= reduce["cores_partition_bytes"]).all()
-    assert (reduce["cores_partition_bytes"] > reduce["link_partition_bytes"]).sum() >= 11
+    assert (reduce["cores_partition_bytes"] > reduce["link_partition_bytes"]).sum() >= 10
     assert (at(reduce, overlap="backward")["step_over_bound"] < 1.05).all()
-    mid = at(df, link_rate="500mbit", overlap="full")
-    assert mid["step_over_bound"].between(1.10, 1.14).all() and (mid["cpu_at_bound"] < 0.8).all()
+    mid = at(df, link_rate="500mbit", overlap="full").set_index("sync")
+    assert mid.loc[["ring", "allreduce"], "step_over_bound"].between(1.05, 1.10).all() and (mid["cpu_at_bound"] < 0.8).all()
     ab = pd.read_csv(RESULTS / "overlap_rate_ladder" / "learned_order_500mbit.csv")
     wide = ab.pivot_table(index=["sync", "pair"], columns="arm", values=["step_s_p50", "cpu_util"])
     ratio = (wide["step_s_p50"]["learned"] / wide["step_s_p50"]["consensus"]).groupby("sync").median()
@@ -249,6 +250,31 @@ def test_overlap_rate_ladder_claims():
     # three quarters of the cores at its bound
     mid = at(df, sync="ps", link_rate="500mbit", overlap="full").iloc[0]
     assert 1.10 < mid["step_over_bound"] < 1.13 and mid["cpu_at_bound"] < 0.8 and mid["chunk_bytes"] < 210_000
+
+
+def test_reduce_floor_claims():
+    """results/reduce_floor's README: at all-reduce's N = 8, 1 Gbit full point raw gloo floors of psring's schedule
+    (its aligned partitions) run at 1.04x their bound with 2-3.5 MiB partitions and 1.11-1.15x at 5-7 MiB and at
+    psring's probed 4.7-5.9 MB; psring is 1.03-1.06x its floor at the same partition and 1.14-1.18x its bound; the
+    flat cuts before read no better at any partition, worse by more than 2% at three of four; summary.json is this table's."""
+    folder = RESULTS / "reduce_floor"
+    df = pd.read_csv(folder / "reduce_floor.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    summary = json.loads((folder / "summary.json").read_text())["full"]
+    assert set(df["mode"]) == {"full"} and set(df["cut"]) == {"aligned"} and df["repeat"].nunique() == 3
+    ladder = df[(df["kind"] == "floor") & df["partition_bytes"].isin([2 << 20, int(3.5 * 2**20), 5 << 20, 7 << 20])]
+    med = ladder.groupby("partition_bytes")["over"].median()
+    assert len(med) == 4 and (med[[2 << 20, int(3.5 * 2**20)]] < 1.05).all() and (med[[5 << 20, 7 << 20]] > 1.10).all()
+    own = df[df["kind"] == "psring"].set_index("repeat")
+    floor_own = df[(df["kind"] == "floor") & ~df["partition_bytes"].isin(med.index)].set_index("repeat")
+    assert (floor_own["partition_bytes"] == own["partition_bytes"]).all() and floor_own["over"].between(1.10, 1.15).all()
+    assert (own["step_s_p50"] / floor_own["step_s_p50"]).between(1.03, 1.06).all()
+    assert own["over"].between(1.14, 1.18).all() and own["partition_bytes"].between(4.5e6, 6e6).all()
+    assert abs(summary["psring_over_bound"] - own["over"].median()) < 1e-9
+    assert abs(summary["floor_best_over_bound"] - med.min()) < 1e-4
+    flat = pd.read_csv(folder / "flat_cuts.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    flat_med = flat[flat["kind"] == "floor"].groupby("partition_bytes")["over"].median()
+    assert (flat_med[med.index] >= med).all() and (flat_med[med.index] > med + 0.02).sum() == 3
+    assert flat_med[1 << 20] > 1.5
 
 
 def test_overlap_floor_claims():

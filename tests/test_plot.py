@@ -57,6 +57,7 @@ EXPECTED = {
     "scale_codecs": {"scale_codecs"},  # and nothing the codec sweeps of one machine draw (compression)
     "scale_overlap_ring": {"scale_overlap"},
     "overlap_floor": {"overlap_floor"},  # psring beside raw floors of its schedule (benchmarks/overlap_floor.py)
+    "reduce_floor": {"reduce_floor"},  # likewise for the reduce family (benchmarks/reduce_floor.py)
     "overlap_cpu": {"links_sync-ps_workers-4_servers-4_compute-emulated:374_overlap-full",  # with the CPU strip
                     "links_sync-allreduce_workers-4_servers-1_compute-emulated:561_overlap-full"},
     "compare_emulated": {"compare", "speedup", "breakdown", "links_sync-ps_workers-4_servers-1",

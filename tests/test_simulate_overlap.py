@@ -39,8 +39,11 @@ def test_the_units_are_reduce_syncs_own_plan(monkeypatch):
     back = overlapped.unit_ranges(_cfg(), layout, 400_000)
     full = overlapped.unit_ranges(_cfg(overlap="full"), layout, 400_000)
     assert seen == [(False, 400_000, 1 << 20), (True, 400_000, 1 << 20)]
-    # backward: DDP's whole-parameter buckets (a 9.4 MB convolution is one); full: equal partitions
-    assert max(u.end - u.start for u in back) * 4 > 9e6 and max(u.end - u.start for u in full) * 4 <= 400_000
+    # backward: DDP's whole-parameter buckets (a 9.4 MB convolution is one); full: M/cap partitions at the
+    # parameters' boundaries (``buckets.aligned_ranges``), none far above the cap
+    m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
+    assert max(u.end - u.start for u in back) * 4 > 9e6 and len(full) == -(-m_bytes // 400_000)
+    assert max(u.end - u.start for u in full) * 4 <= 2 * 400_000
 
 
 def test_units_are_ready_in_backward_order_and_every_parameter_is_covered():

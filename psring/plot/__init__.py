@@ -21,7 +21,8 @@ What is drawn depends on what the folder holds:
   the published result in the folder's ``published.csv`` (``experiments/published_horovod.toml``) ->
   ``published`` alone (``plot/published.py``);
 * ``overlap_floor.csv`` (``benchmarks/overlap_floor.py``) -> ``overlap_floor`` (psring's overlapped PS step beside
-  raw floors of the same schedule, each over its bound; ``plot/overlap_floor.py``);
+  raw floors of the same schedule, each over its bound; ``plot/overlap_floor.py``); ``reduce_floor.csv``
+  (``benchmarks/reduce_floor.py``) -> ``reduce_floor`` (the same for the reduce family, raw gloo floors);
 * ``ps_cpu.csv`` (``benchmarks/ps_cpu.py``) -> ``ps_cpu`` (the PS's CPU a step per role and thread; ``plot/ps_cpu.py``);
 * ``validation.csv`` (``python -m psring.simulate.validate``) -> ``validation`` (simulated against measured
   sync time of every replayed run);
@@ -77,7 +78,7 @@ from .servers import figure_servers, has_server_curve
 from .speedup import figure_speedup, model_curve
 from .timeline import figure_timeline, run_info, timeline_strategies
 from .scale import figure_scale, figure_scale_jitter, has_scale, jitter_cost
-from .overlap_floor import figure_overlap_floor, load_overlap_floor
+from .overlap_floor import figure_overlap_floor, figure_reduce_floor, load_overlap_floor, load_reduce_floor
 from .ps_cpu import figure_ps_cpu, load_ps_cpu
 from .published import figure_published, load_published
 from .scale_codecs import figure_scale_codecs, has_scale_codecs
@@ -185,6 +186,7 @@ def _benchmark_figures(folder: Path, out: Path, formats: tuple[str, ...]) -> lis
     """The figures of a benchmark's or a check's own table, where the folder holds one."""
     written = []
     for load, figure, stem in ((load_overlap_floor, figure_overlap_floor, "overlap_floor"),  # psring beside raw floors
+                               (load_reduce_floor, figure_reduce_floor, "reduce_floor"),  # likewise, all-reduce
                                (load_ps_cpu, figure_ps_cpu, "ps_cpu"),  # the PS's CPU per thread
                                (load_validation, figure_validation, "validation")):  # psring simulate vs the runs
         table = load(folder)
@@ -243,7 +245,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
         written += save(figure_links(d), out, _stem("links", folder, d), formats)
 
     if not written:
-        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv, overlap_floor.csv, ps_cpu.csv or run folders "
+        raise ValueError(f"{folder} has nothing to plot: no runs.csv, validation.csv, bench.csv, overlap_floor.csv, reduce_floor.csv, ps_cpu.csv or run folders "
                          "(steps.jsonl)")
     return written
 
