@@ -30,7 +30,6 @@ import json
 import math
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from psring.bench.floor import timed, watch
 from psring.bench.paced import MODES
 from psring.bounds import param_bytes, step_bound_s
 from psring.config import TrainConfig
@@ -45,8 +45,6 @@ from psring.launch.children import Children
 from psring.launch.launcher import child_env, launch, start_listeners
 from psring.results import load_config
 from psring.sweep import flat_config
-from psring.launch.watch import check_alive
-from psring.metrics.cpu import cpu_times, utilisation
 from psring.net.emulated import EmulatedNetwork
 from psring.simulate.plans import link_Bps
 from psring.sync.ps.sharding import credit_chunks
@@ -57,9 +55,9 @@ START_DELAY_S = 3.0  # workers import numpy and zmq and connect before the commo
 
 def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: int, compute_s: float, mode: str,
               steps: int, warmup: int, scratch: Path, bsp: bool = False, cc: str = "") -> dict:
-    """One floor run on a fresh emulated network; its step p50 (each step the workers' mean), CPU, and the
+    """One floor run on a fresh emulated network; its step p50 (each step its slowest worker's), CPU, and the
     TCP congestion control its hosts ran."""
-    kids, samples, nbytes = Children(), [], sum(sizes)
+    kids, nbytes = Children(), sum(sizes)
     try:
         with EmulatedNetwork(n + s, rate, cc=cc) as net:
             cc = net.cc
@@ -77,22 +75,13 @@ def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: 
                 "--chunk", str(chunk), "--credits", str(credits), "--forward", str(fwd), "--backward", str(bwd),
                 "--mode", mode, *(["--keyed"] if bsp else []), "--steps", str(steps), "--start-at", str(start_at), "--out",
                 str(scratch / f"worker{r}.json")], child_env(1), scratch / f"worker{r}.log") for r in range(n)]
-            deadline = time.monotonic() + 120 + steps * 10 * max(compute_s, 0.1)
-            while any(w.returncode is None for w in workers):
-                check_alive(workers)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"floor run ({mode}, chunk {chunk}) did not finish in time; see {scratch}")
-                samples.append((time.time(), cpu_times()))
-                time.sleep(0.05)
-            check_alive(workers)
+            samples = watch(workers, time.monotonic() + 120 + steps * 10 * max(compute_s, 0.1),
+                            f"{mode}, chunk {chunk}", scratch)
     finally:
         kids.stop_all()
     starts = [json.loads((scratch / f"worker{r}.json").read_text()) for r in range(n)]
-    # each step its slowest worker's, as psring's own summary takes it (``metrics.summary``: a step's wall time)
-    per_step = [max(st[t + 1] - st[t] for st in starts) for t in range(warmup, steps)]
-    t0, t1 = min(st[warmup] for st in starts), max(st[steps] for st in starts)
-    near = lambda t: min(samples, key=lambda x: abs(x[0] - t))[1]  # noqa: E731
-    return {"step_s_p50": statistics.median(per_step), "cpu_util": utilisation(near(t0), near(t1)), "link_cc": cc}
+    step, cpu = timed(starts, samples, warmup, steps)
+    return {"step_s_p50": step, "cpu_util": cpu, "link_cc": cc}
 
 
 def psring_run(n: int, s: int, rate: str, model: str, compute_ms: int, mode: str, steps: int, warmup: int,

@@ -32,13 +32,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from psring.bench.floor import timed, watch
 from psring.bench.reduce_paced import MODES
 from psring.bounds import param_bytes, step_bound_s
 from psring.config import TrainConfig
 from psring.launch.children import Children
 from psring.launch.launcher import child_env, free_port, launch
-from psring.launch.watch import check_alive
-from psring.metrics.cpu import cpu_times, utilisation
 from psring.net.emulated import EmulatedNetwork
 from psring.results import load_config
 from psring.simulate.plans import link_Bps
@@ -52,7 +51,7 @@ def floor_run(n: int, rate: str, sizes: list[int], partition: int, compute_s: fl
               warmup: int, scratch: Path, flat: bool = False) -> dict:
     """One floor run on a fresh emulated network: its step p50 (each step its slowest rank's), the ranks'
     median update seconds a step, and CPU."""
-    kids, samples = Children(), []
+    kids = Children()
     try:
         with EmulatedNetwork(n, rate) as net:
             sizes_file = scratch / "sizes.json"
@@ -66,24 +65,14 @@ def floor_run(n: int, rate: str, sizes: list[int], partition: int, compute_s: fl
                 str(scratch / f"rank{r}.json")],
                 child_env(1, RANK=r, WORLD_SIZE=n, MASTER_ADDR=net.hosts[0].addr, MASTER_PORT=port,
                           GLOO_SOCKET_IFNAME=net.hosts[0].iface), scratch / f"rank{r}.log") for r in range(n)]
-            deadline = time.monotonic() + 120 + steps * 10 * max(compute_s, 0.1)
-            while any(w.returncode is None for w in ranks):
-                check_alive(ranks)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"floor run ({mode}, partition {partition}) did not finish in time; see {scratch}")
-                samples.append((time.time(), cpu_times()))
-                time.sleep(0.05)
-            check_alive(ranks)
+            samples = watch(ranks, time.monotonic() + 120 + steps * 10 * max(compute_s, 0.1),
+                            f"{mode}, partition {partition}", scratch)
     finally:
         kids.stop_all()
     got = [json.loads((scratch / f"rank{r}.json").read_text()) for r in range(n)]
-    starts = [g["starts"] for g in got]
-    per_step = [max(st[t + 1] - st[t] for st in starts) for t in range(warmup, steps)]
+    step, cpu = timed([g["starts"] for g in got], samples, warmup, steps)
     update = statistics.median(statistics.median(g["update_s"][warmup:]) for g in got)
-    t0, t1 = min(st[warmup] for st in starts), max(st[steps] for st in starts)
-    near = lambda t: min(samples, key=lambda x: abs(x[0] - t))[1]  # noqa: E731
-    return {"step_s_p50": statistics.median(per_step), "update_s_p50": update,
-            "cpu_util": utilisation(near(t0), near(t1))}
+    return {"step_s_p50": step, "update_s_p50": update, "cpu_util": cpu}
 
 
 def psring_run(sync: str, n: int, rate: str, model: str, compute_ms: int, mode: str, steps: int, warmup: int,

@@ -1,6 +1,6 @@
-"""The reduce floor's raw worker (``psring.bench.reduce_paced``), on loopback: its fixed order serves the
-front-most ready partition whenever the link is free, and two ranks keep their compute time, finish under
-one credit in every mode, and launch the same all-reduces."""
+"""The reduce floor's raw worker (``psring.bench.reduce_paced``) and the floors' shared timing (``bench.floor``),
+on loopback: its fixed order serves the front-most ready partition whenever the link is free, and two ranks keep
+their compute time, finish under one credit in every mode, and launch the same all-reduces."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,18 @@ from psring.launch.children import Children
 from psring.launch.launcher import child_env, free_port
 
 SIZES = [4000, 12_000, 2000, 6000]  # bytes of four "tensors", in forward order
+
+
+def test_doctests():
+    """The examples in the floor's and the cut's docstrings (``bench.floor.timed``: each step its slowest rank's)."""
+    import doctest
+
+    from psring.bench import floor, reduce_paced
+    from psring.sync import buckets
+
+    for mod in (floor, reduce_paced, buckets):
+        result = doctest.testmod(mod)
+        assert result.failed == 0 and result.attempted > 0, mod.__name__
 
 
 def test_partitions_cover_the_bytes_in_whole_floats():
