@@ -38,13 +38,16 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # The share of shared cores a step's partition calls may take (their CPU beyond their bytes, by the probe's
 # reading) over the step's communication bound. In results/overlap_n8_1gbit's partition ladder (N = 8, 1 Gbit,
 # 2 cores, a gloo call 24-35 ms of CPU) the calls of 1.15 MiB partitions took 0.7-1.0 of the cores and doubled
-# the step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s), of the best, 5 MiB,
-# about 0.2. The bytes' CPU is not in the budget: it is the same whatever the partition, and a budget left after
-# it swung the floor between 4 and 25 MB with the reading. (Half the cores, tried, let all-reduce's `full` cut
-# 2 MB there: 1.15 s in one draw.) The rest of a step's CPU (the emulated gradients, the optimizer, the kernel's
-# links) is per rank, so the share is 0.2 at N = 8 and scales as 1/N: at N = 4 a floor at 0.2 cut the ring's
-# partitions to 2.8 MB and its `full` read 1.145x against 1.08x at the link's own 1.3 MB.
-CALLS_CORE_SHARE_N8 = 0.2
+# the step. With partitions cut at the parameters' boundaries (buckets.aligned_ranges, --overlap full) the best
+# count there is about 13 (aligned_partition_ladder.csv: all-reduce and the ring 1.10-1.12x their bound at 13,
+# 1.15x at 9; the ring 0.96-1.04 s at 17, 0.89-0.91 s at 13, 0.92-0.96 s at 10), i.e. 13 calls of about 30 ms in
+# 0.3 of 2 cores over the 0.654 s bound. 0.2 (sized when every partition also paid a consensus round) kept 8-10
+# partitions: all-reduce's `full`, three alternating pairs with the probe, 0.896-0.900 s at 0.3 against
+# 0.911-0.984 s at 0.2. The bytes' CPU is not in the budget: it is the same whatever the partition, and a budget
+# left after it swung the floor between 4 and 25 MB with the reading. The rest of a step's CPU (the emulated
+# gradients, the optimizer, the kernel's links) is per rank, so the share scales as 1/N: at N = 4 a floor at 0.2
+# cut the ring's partitions to 2.8 MB and its `full` read 1.145x against 1.08x at the link's own 1.3 MB.
+CALLS_CORE_SHARE_N8 = 0.3
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -179,7 +182,7 @@ def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int
 
     >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.030)  # gloo, N = 8, 1 Gbit, 2 cores
     >>> cores_partition_bytes(44_695_848, 8, probe, 2), cores_partition_bytes(44_695_848, 8, probe, 16)
-    (5125714, 640714)
+    (3417142, 427142)
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
