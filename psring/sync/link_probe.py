@@ -38,16 +38,19 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # The share of shared cores a step's partition calls may take (their CPU beyond their bytes, by the probe's
 # reading) over the step's communication bound. In results/overlap_n8_1gbit's partition ladder (N = 8, 1 Gbit,
 # 2 cores, a gloo call 24-35 ms of CPU) the calls of 1.15 MiB partitions took 0.7-1.0 of the cores and doubled
-# the step. With partitions cut at the parameters' boundaries (buckets.aligned_ranges, --overlap full) the best
-# count there is about 13 (aligned_partition_ladder.csv: all-reduce and the ring 1.10-1.12x their bound at 13,
-# 1.15x at 9; the ring 0.96-1.04 s at 17, 0.89-0.91 s at 13, 0.92-0.96 s at 10), i.e. 13 calls of about 30 ms in
-# 0.3 of 2 cores over the 0.654 s bound. 0.2 (sized when every partition also paid a consensus round) kept 8-10
-# partitions: all-reduce's `full`, three alternating pairs with the probe, 0.896-0.900 s at 0.3 against
-# 0.911-0.984 s at 0.2. The bytes' CPU is not in the budget: it is the same whatever the partition, and a budget
-# left after it swung the floor between 4 and 25 MB with the reading. The rest of a step's CPU (the emulated
-# gradients, the optimizer, the kernel's links) is per rank, so the share scales as 1/N: at N = 4 a floor at 0.2
-# cut the ring's partitions to 2.8 MB and its `full` read 1.145x against 1.08x at the link's own 1.3 MB.
-CALLS_CORE_SHARE_N8 = 0.3
+# the step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s), of the best, 5 MiB,
+# about 0.2: 0.2 with `--overlap backward`, where the hand-written ring's `backward` there read 1.09-1.15 s at
+# 2.9-4.4 MB partitions against 1.04-1.06 s at 9-10 MB. With `--overlap full` the partitions are cut at the
+# parameters' boundaries (buckets.aligned_ranges) and the best count there is about 13 (aligned_partition_ladder:
+# all-reduce and the ring 1.10-1.12x their bound at 13, 1.15x at 9; the ring 0.96-1.04 s at 17, 0.89-0.91 s at 13),
+# 13 calls of about 30 ms in 0.3 of 2 cores over the 0.654 s bound: 0.3 there (all-reduce's `full`, three
+# alternating pairs with the probe: 0.896-0.900 s at 0.3 against 0.911-0.984 s at 0.2). The bytes' CPU is not in
+# the budget: it is the same whatever the partition, and a budget left after it swung the floor between 4 and 25
+# MB with the reading. The rest of a step's CPU (the emulated gradients, the optimizer, the kernel's links) is
+# per rank, so the share scales as 1/N: at N = 4 a floor at 0.2 cut the ring's partitions to 2.8 MB and its
+# `full` read 1.145x against 1.08x at the link's own 1.3 MB.
+CALLS_CORE_SHARE_N8 = 0.2
+CALLS_CORE_SHARE_N8_FULL = 0.3
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -169,22 +172,25 @@ def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
     return int(min(MAX_PARTITION, max(MIN_PARTITION, b)))
 
 
-def calls_core_share(world: int) -> float:
-    """The share of the shared cores a step's partition calls may take at ``world`` ranks."""
-    return min(1.0, CALLS_CORE_SHARE_N8 * 8 / max(1, world))
+def calls_core_share(world: int, full: bool = False) -> float:
+    """The share of the shared cores a step's partition calls may take at ``world`` ranks (``full``: with
+    ``--overlap full``)."""
+    return min(1.0, (CALLS_CORE_SHARE_N8_FULL if full else CALLS_CORE_SHARE_N8) * 8 / max(1, world))
 
 
-def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int) -> int:
+def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int, full: bool = False) -> int:
     """The smallest partition whose calls' CPU fits where every rank shares ``cores`` (an emulated cluster):
-    M/b calls of ``call_cpu_s`` within ``calls_core_share(N)`` of the cores over the step's communication bound
+    M/b calls of ``call_cpu_s`` within ``calls_core_share(N, full)`` of the cores over the step's communication bound
     T = 2(N-1)/N * M / rate (as ``ps.sharding.cores_chunks`` keeps the PS's chunks); ``MIN_PARTITION``
     without a CPU reading.
 
     >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.030)  # gloo, N = 8, 1 Gbit, 2 cores
     >>> cores_partition_bytes(44_695_848, 8, probe, 2), cores_partition_bytes(44_695_848, 8, probe, 16)
-    (3417142, 427142)
+    (5125714, 640714)
+    >>> cores_partition_bytes(44_695_848, 8, probe, 2, full=True)  # 13 partitions
+    3417142
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
-    budget_s = calls_core_share(world) * cores * ring_wire(m_bytes, world) / probe.rate_Bps
+    budget_s = calls_core_share(world, full) * cores * ring_wire(m_bytes, world) / probe.rate_Bps
     return int(min(MAX_PARTITION, max(MIN_PARTITION, m_bytes * probe.call_cpu_s / budget_s)))

@@ -154,7 +154,8 @@ class ReduceSync(Synchronizer):
         plain = type(self.reducer).ranges is Reducer.ranges  # a codec keeps per-bucket state: probe without it
         probe = probe_collective(pg.group, self.world, self.device, self.reducer if plain else None)
         cap = reduce_partition_bytes(m_bytes, self.world, probe)
-        floor = cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores) if self.shared_cores else 0
+        floor = (cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores, self.full)
+                 if self.shared_cores else 0)
         self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": max(cap, floor)}
         if floor:
             self.tuned.update(link_partition_bytes=cap, cores_partition_bytes=floor)
