@@ -168,9 +168,10 @@ def test_overlap_chunks_claims():
 
 def test_overlap_n8_1gbit_claims():
     """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family's partitions at least the floor
-    from the shared cores: both backward points within 1.10x, both full points above it (the aligned cut's single
-    starts: the ring 1.17x, all-reduce 1.25x on a 5.6 MB draw); the ring's full faster than its backward (it was
-    1.57 s against 1.29 s before the floor)."""
+    from the shared cores: both backward points within 1.10x; both full points above it (with the 0.3 share under
+    full: all-reduce 1.12x on 13 partitions, the ring 1.38x on a 16 MB draw, 3 partitions); the starts of the
+    share's A/B (core_share_ab.csv): all-reduce at 0.3 0.896-0.900 s in all three pairs, each below its pair's 0.2;
+    the ring's draws decide it; its fixed partitions (ring_partition_ladder.csv): 13 fastest in all three rounds."""
     df = table("overlap_n8_1gbit")
     assert (df["status"] == "ok").all() and len(df) == 6
     at_bound = df["cpu_at_bound"]
@@ -181,9 +182,21 @@ def test_overlap_n8_1gbit_claims():
     part = reduce["partition_bytes"]
     assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 3e6).all()
     assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.10
-    assert 1.10 < ring.loc["full", "step_over_bound"] < 1.20 and 1.20 < ar.loc["full", "step_over_bound"] < 1.30
-    assert 1.10 < ring.loc["backward", "step_s_p50"] / ring.loc["full", "step_s_p50"] < 1.15
-    assert 1.0 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.05
+    assert 1.10 < ar.loc["full", "step_over_bound"] < 1.13 and 1.3 < ring.loc["full", "step_over_bound"] < 1.4
+    assert 12 <= 44_695_848 / ar.loc["full", "partition_bytes"] < 14 and ring.loc["full", "partition_bytes"] > 15e6
+    assert 1.10 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
+    ab = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "core_share_ab.csv")
+    assert len(ab) == 12 and ab.groupby(["sync", "share"]).size().eq(3).all()
+    wide = ab.pivot_table(index=["sync", "pair"], columns="share", values="step_s_p50")
+    assert (wide.loc["allreduce", 0.3] < wide.loc["allreduce", 0.2]).all()
+    assert wide.loc["allreduce", 0.3].between(0.895, 0.90).all()
+    lad = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "ring_partition_ladder.csv")
+    assert len(lad) == 12 and (lad.groupby("round")["step_s_p50"].idxmin().map(lad["partitions"]) == 13).all()
+    probe = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "probe_sizes.csv").pivot_table(
+        index=["sync", "probe"], columns="size_bytes", values="slowest_fastest_s")
+    mb = 2**20
+    assert (probe[2 * mb].groupby("sync").agg(lambda t: t.max() - t.min()) > 0.010).all()  # 2 MB: 12-30 ms apart
+    assert (probe[[6 * mb, 12 * mb]].groupby("sync").agg(lambda t: t.max() - t.min()) < 0.004).all().all()
 
 
 def test_overlap_n8_1gbit_partition_ladder_claims():
@@ -247,7 +260,7 @@ def test_overlap_rate_ladder_claims():
     rates = ["1gbit", "500mbit", "250mbit"]
     for sync in ("ps", "ring", "allreduce"):
         full = at(df, sync=sync, overlap="full").set_index("link_rate").loc[rates, "step_over_bound"]
-        assert full.is_monotonic_decreasing and full.iloc[0] > 1.15, (sync, full)
+        assert full.is_monotonic_decreasing and full.iloc[0] > (1.15 if sync == "ps" else 1.10), (sync, full)
         slow = at(df, sync=sync, link_rate="250mbit").set_index("overlap")
         assert (slow["step_over_bound"] <= 1.10).all()
         assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.14
