@@ -1,0 +1,40 @@
+"""results/overlap_n8_1gbit's studies of the calls' share of the cores under `--overlap full` (issue #29): what its
+README's section "The calls' share of the cores under `full`" claims is what its CSVs hold."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+FOLDER = Path(__file__).resolve().parents[1] / "results" / "overlap_n8_1gbit"
+
+
+def test_the_share_of_the_cores_under_full():
+    """The share's A/B (core_share_ab.csv): all-reduce at 0.3 0.896-0.900 s in all three pairs, each below its
+    pair's 0.2; the ring's draws decide it. Its fixed partitions (ring_partition_ladder.csv): 13 fastest in all three
+    rounds."""
+    ab = pd.read_csv(FOLDER / "core_share_ab.csv")
+    assert len(ab) == 12 and ab.groupby(["sync", "share"]).size().eq(3).all()
+    wide = ab.pivot_table(index=["sync", "pair"], columns="share", values="step_s_p50")
+    assert (wide.loc["allreduce", 0.3] < wide.loc["allreduce", 0.2]).all()
+    assert wide.loc["allreduce", 0.3].between(0.895, 0.90).all()
+    lad = pd.read_csv(FOLDER / "ring_partition_ladder.csv")
+    assert len(lad) == 12 and (lad.groupby("round")["step_s_p50"].idxmin().map(lad["partitions"]) == 13).all()
+
+
+def test_what_the_probe_reads():
+    """probe_sizes.csv: only the 2 MB point is noisy; call_cpu_readings.csv: the probe's median of seven calls
+    spreads, the mean of 21 less, and the ring's calls cost more on average; launch_handoff_ab.csv: launching
+    without the scheduler's thread changed nothing beyond a draw."""
+    probe = pd.read_csv(FOLDER / "probe_sizes.csv").pivot_table(
+        index=["sync", "probe"], columns="size_bytes", values="slowest_fastest_s")
+    mb = 2**20
+    assert (probe[2 * mb].groupby("sync").agg(lambda t: t.max() - t.min()) > 0.010).all()  # 2 MB: 12-30 ms apart
+    assert (probe[[6 * mb, 12 * mb]].groupby("sync").agg(lambda t: t.max() - t.min()) < 0.004).all().all()
+    cpu = pd.read_csv(FOLDER / "call_cpu_readings.csv").groupby("sync")
+    cv = cpu.std() / cpu.mean()
+    assert (cv["mean21_ms"] < cv["med7_ms"] / 2).all() and cv.loc["ring", "med7_ms"] > 0.2
+    assert cpu.mean().loc["ring", "mean21_ms"] > 1.4 * cpu.mean().loc["allreduce", "mean21_ms"]
+    hand = pd.read_csv(FOLDER / "launch_handoff_ab.csv")
+    w = hand.pivot_table(index=["sync", "pair"], columns="arm", values="step_s_p50")
+    assert len(hand) == 12 and (w["pump"] / w["thread"]).between(0.98, 1.03).all()
