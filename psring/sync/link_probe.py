@@ -44,7 +44,8 @@ CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median 
 # parameters' boundaries (buckets.aligned_ranges) and the best count there is about 13 (aligned_partition_ladder:
 # all-reduce and the ring 1.10-1.12x their bound at 13, 1.15x at 9; the ring 0.96-1.04 s at 17, 0.89-0.91 s at 13),
 # 13 calls of about 30 ms in 0.3 of 2 cores over the 0.654 s bound: 0.3 there (all-reduce's `full`, three
-# alternating pairs with the probe: 0.896-0.900 s at 0.3 against 0.911-0.984 s at 0.2). The bytes' CPU is not in
+# alternating pairs with the probe: 0.896-0.900 s at 0.3 against 0.911-0.984 s at 0.2; half the cores, tried
+# before the cut was aligned, let all-reduce's `full` cut 2 MB there: 1.15 s in one draw). The bytes' CPU is not in
 # the budget: it is the same whatever the partition, and a budget left after it swung the floor between 4 and 25
 # MB with the reading. The rest of a step's CPU (the emulated gradients, the optimizer, the kernel's links) is
 # per rank, so the share scales as 1/N: at N = 4 a floor at 0.2 cut the ring's partitions to 2.8 MB and its
@@ -173,8 +174,8 @@ def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
 
 
 def calls_core_share(world: int, full: bool = False) -> float:
-    """The share of the shared cores a step's partition calls may take at ``world`` ranks (``full``: with
-    ``--overlap full``)."""
+    """The share of the shared cores a step's partition calls may take at ``world`` ranks (``full``: under
+    ``--overlap full``'s priority scheduler, its partitions cut at the parameters' boundaries)."""
     return min(1.0, (CALLS_CORE_SHARE_N8_FULL if full else CALLS_CORE_SHARE_N8) * 8 / max(1, world))
 
 

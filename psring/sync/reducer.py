@@ -154,7 +154,8 @@ class ReduceSync(Synchronizer):
         plain = type(self.reducer).ranges is Reducer.ranges  # a codec keeps per-bucket state: probe without it
         probe = probe_collective(pg.group, self.world, self.device, self.reducer if plain else None)
         cap = reduce_partition_bytes(m_bytes, self.world, probe)
-        floor = (cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores, self.full)
+        aligned = self.scheduled and plain  # ``_ranges`` cuts them at the parameters' boundaries
+        floor = (cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores, full=aligned)
                  if self.shared_cores else 0)
         self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": max(cap, floor)}
         if floor:
