@@ -155,6 +155,7 @@ class OverlapReplay:
         """``tuned``: what the run being replayed cut (``partition_bytes``, ``chunk_bytes``), else cut here;
         ``readiness``: when backward makes each gradient (``profile``)."""
         from .. import strategies
+        from ..sync.buckets import layout_bytes
         from .plans import layout_of
         from .profile import param_weights
         from .run import cluster
@@ -169,7 +170,7 @@ class OverlapReplay:
             chunks = [(r.group, (r.end - r.start) * layout[0].dtype.itemsize) for r in ranges]
             self.prog = OverlapPS(self.net, host_of, server_host, chunks, window, credit, self._unit_done)
         else:
-            m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
+            m_bytes = layout_bytes(layout)
             cap = int(tuned.get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))
             ranges = unit_ranges(cfg, layout, cap)
             self.prog = UnitRing(self.net, host_of, [r.end - r.start for r in ranges], layout[0].dtype.itemsize,

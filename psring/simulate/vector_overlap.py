@@ -25,6 +25,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     hierarchical's ``backward``: a ``VectorHierarchy`` over the hosts), else None.
     ``tuned``: the partition a run being replayed cut (``partition_bytes``), else the one its probe would;
     ``readiness``: when backward makes each gradient (``profile``)."""
+    from ..sync.buckets import layout_bytes
     from .overlapped import Plan, partition_bytes, unit_ranges
     from .plans import layout_of, link_Bps
     from .profile import param_weights
@@ -38,7 +39,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
         return None
     hosts = cfg.workers // cfg.per_host if model == cm.HIERARCHICAL_MODEL else cfg.workers
     layout = layout_of(cfg)
-    m_bytes = sum(sp.numel * sp.dtype.itemsize for sp in layout)
+    m_bytes = layout_bytes(layout)
     cap = int((tuned or {}).get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))
     ranges = unit_ranges(cfg, layout, cap)
     ring = VectorRing(hosts, [r.end - r.start for r in ranges], layout[0].dtype.itemsize, link_Bps(cfg.link_rate),

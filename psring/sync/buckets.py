@@ -168,6 +168,11 @@ BucketRange(space=0, start=13, end=17, group=0)]
     return out
 
 
+def layout_bytes(layout: list[Space]) -> int:
+    """The bytes of every space's gradients together: M."""
+    return sum(sp.numel * sp.dtype.itemsize for sp in layout)
+
+
 def space_sizes(layout: list[Space]) -> tuple[list[list[int]], list[int]]:
     """(per space, its parameters' element counts in layout order; per space, its item size)."""
     return [[p.numel() for _, p, _ in sp.members] for sp in layout], [sp.dtype.itemsize for sp in layout]

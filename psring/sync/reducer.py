@@ -28,7 +28,8 @@ from torch import nn
 from ..config import OptimConfig
 from ..strategies import during_backward
 from .base import Message, Synchronizer, SyncStats, make_local_optimizer, timed_update
-from .buckets import Bucket, BucketRange, GradBuckets, aligned_ranges, flat_layout, param_ranges, space_sizes
+from .buckets import (Bucket, BucketRange, GradBuckets, aligned_ranges, flat_layout, layout_bytes, param_ranges,
+                      space_sizes)
 from .handles import CommThread, FutureHandle, Handle, WorkHandle  # noqa: F401 - imported from here too
 from .overlap import Waits, buckets_of, install_gates, update_units
 
@@ -125,7 +126,7 @@ class ReduceSync(Synchronizer):
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())
         if self.cap is None:
-            self.cap = self._tuned_cap(sum(sp.numel * sp.dtype.itemsize for sp in layout))
+            self.cap = self._tuned_cap(layout_bytes(layout))
         self.buckets = GradBuckets(layout, self._ranges(layout), self._on_ready, self.device)
         self.inflight: list[tuple[Bucket, float, Handle]] = []
         self.deferred: list[Bucket] = []
@@ -170,9 +171,7 @@ class ReduceSync(Synchronizer):
         codec's, keeps them)."""
         if not (self.scheduled and type(self.reducer).ranges is Reducer.ranges):
             return self.reducer.ranges(layout, self.cap, self.first_cap)
-        spaces, itemsizes = space_sizes(layout)
-        m_bytes = sum(sum(sz) * item for sz, item in zip(spaces, itemsizes))
-        return aligned_ranges(spaces, itemsizes, -(-m_bytes // self.cap))
+        return aligned_ranges(*space_sizes(layout), -(-layout_bytes(layout) // self.cap))
 
     def _attach_full(self, model: nn.Module) -> None:
         """One optimizer per bucket's unit (``overlap.update_units``), sharing the main one's state, so a
