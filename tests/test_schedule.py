@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 
 from psring.sync.buckets import Bucket
 from psring.sync.handles import Handle
-from psring.sync.schedule import PriorityScheduler
+from psring.sync.schedule import PLANS, PriorityScheduler
 
 N_BUCKETS = 8
 
@@ -109,15 +109,17 @@ def test_no_rank_spins_while_another_is_behind():
     assert got[0][1] == got[1][1] and got[0][1][0] <= 2 * N_BUCKETS + 2, got
 
 
-def test_later_steps_keep_the_learned_order_without_rounds():
-    """After ``learn_steps`` (1 here) the ranks launch in the order they agreed on, whatever their timing,
-    and take no more consensus rounds."""
-    got = run_two(disjoint=False, steps=3)
+def test_later_steps_keep_a_planned_order_without_rounds():
+    """After ``learn_steps`` (1 here) the ranks launch in the order planned from the timed steps (the last
+    one agreed on, then the first run in its plan: ``PLANS``), one order on both ranks whatever their timing,
+    with no more consensus rounds."""
+    got = run_two(disjoint=False, steps=2 + PLANS)
     assert got[0][0] == got[1][0], got  # still one order on both ranks
-    order = got[0][0]
-    assert order[:N_BUCKETS] == order[N_BUCKETS:2 * N_BUCKETS] == order[2 * N_BUCKETS:], order
+    steps = [got[0][0][i * N_BUCKETS:(i + 1) * N_BUCKETS] for i in range(2 + PLANS)]
+    assert all(sorted(s) == list(range(N_BUCKETS)) for s in steps), steps
+    assert steps[-1] == steps[-2], steps  # planned for the last time from step PLANS - 1
     rounds = got[0][1]
-    assert rounds[0] >= N_BUCKETS and rounds[0] == rounds[1] == rounds[2], got  # the first step's rounds only
+    assert rounds[0] >= N_BUCKETS and len(set(rounds)) == 1, got  # the first step's rounds only
 
 
 def free_port() -> int:

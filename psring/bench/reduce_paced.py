@@ -73,24 +73,22 @@ def aligned(sizes: list[int], partition: int) -> list[tuple[int, int]]:
 
 
 def order(sizes: list[int], parts: list[tuple[int, int]], backward_s: float, link_s_per_byte: float) -> list[int]:
-    """The order a serial link serves the partitions in, the front-most ready one whenever it is free:
-    readiness from ``overlap_model.ready_times`` (a partition is ready with its front-most tensor), each
-    partition's link time its bytes' share.
+    """The order a serial link serves the partitions in, the front-most ready one whenever it is free
+    (``sync.serving_order``, as psring's scheduler plans it, there from its timing): readiness from
+    ``overlap_model.ready_times`` (a partition is ready with its front-most tensor), each partition's link
+    time its bytes' share.
 
     >>> order([4, 4, 4], [(0, 4), (4, 8), (8, 12)], 3.0, 0.5)  # ready at 3, 2, 1 s; 2 s of link each
     [2, 0, 1]
     """
+    from ..sync.serving_order import serving_order
+
     ready_of = ready_times(sizes, backward_s)
     starts = [0, *itertools.accumulate(sizes)][:-1]
     ready = [max(r for r, s, n in zip(ready_of, starts, sizes) if s < hi and s + n > lo) for lo, hi in parts]
-    left, done, t = set(range(len(parts))), [], 0.0
-    while left:
-        avail = [k for k in left if ready[k] <= t]
-        k = min(avail) if avail else min(left, key=lambda k: (ready[k], k))
-        t = max(t, ready[k]) + (parts[k][1] - parts[k][0]) * link_s_per_byte
-        done.append(k)
-        left.remove(k)
-    return done
+    cost = [(hi - lo) * link_s_per_byte for lo, hi in parts]
+    last = len(parts) - 1  # serving_order's indices run back to front
+    return [last - k for k in serving_order(ready[::-1], cost[::-1])]
 
 
 class PacedReducer:

@@ -8,8 +8,8 @@ rank shares.
   rank; the step ends once every unit is back, and the next forward starts then.
 * ``full``: the priority scheduler (``sync.schedule``): a decision takes the highest index ready on every
   rank, once fewer than ``CREDITS`` reductions are in flight on every rank, after a consensus round
-  (2(N-1) alpha), for ``LEARN_STEPS`` steps; later steps keep the last of those steps' order, with no
-  rounds (each rank enters a unit once it is ready there); the next forward starts right after backward and each parameter's share of it waits for
+  (2(N-1) alpha), for ``LEARN_STEPS`` steps; later steps keep the order planned from their timing
+  (``timed_plan``), with no rounds (each rank enters a unit once it is ready there); the next forward starts right after backward and each parameter's share of it waits for
   the units holding that parameter (``sync.overlap``'s gates); the waits are booked as sync, as the trainer
   books them.
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from ..sync.ring import chunk_sizes, schedule
 from ..sync.schedule import CREDITS, LEARN_STEPS
+from .timed_plan import TimedSteps, source, timed
 
 SEND, RECV = 1, 2
 
@@ -190,6 +191,7 @@ class OverlapReplay:
         self.ready: dict = {}  # (step, unit) -> ranks it is ready on (full)
         self.deciding, self.next_step = False, 0
         self.orders: dict[int, list[int]] = {}  # step -> its units in the order decided
+        self.timed = TimedSteps(self.plan.numels, n)  # the scheduler's timed steps, and its plans
         for r in range(n):
             self._begin(r)
 
@@ -233,8 +235,14 @@ class OverlapReplay:
         if self.full:
             self.net.at(self.backward_end[r], lambda: self._step_done(r))
 
+    def _mark(self, s: int, what: int, u: int, r: int | None = None) -> None:
+        """A timed step's ready (``what`` 0), done (1) or commit (2) time of unit u (on rank r): now."""
+        if self.priority and timed(s):
+            self.timed.arrays(s)[what][u if r is None else (u, r)] = self.net.now
+
     def _ready(self, r: int, s: int, u: int) -> None:
         self.prog.launch(r, s, u)
+        self._mark(s, 0, u, r)
         if self.priority:
             self.ready[s, u] = self.ready.get((s, u), 0) + 1
             self._decide()
@@ -246,8 +254,9 @@ class OverlapReplay:
         if self.deciding or self.next_step >= self.cfg.steps or min(ring.seq) < k - CREDITS + 1:
             return
         s = self.next_step
-        if s >= LEARN_STEPS > 0:  # the order kept: the next unit in it, no round
-            return self._commit(s, self.orders[LEARN_STEPS - 1][len(self.orders.get(s, ()))])
+        if s >= LEARN_STEPS > 0:  # the order kept: the next unit in it, no round (once planned)
+            order = self.timed.plan(source(s))
+            return None if order is None else self._commit(s, order[len(self.orders.get(s, ()))])
         decided = self.orders.get(s, ())
         ready = [u for u in range(self.units) if u not in decided and self.ready.get((s, u), 0) == self.cfg.workers]
         if ready:
@@ -256,6 +265,7 @@ class OverlapReplay:
 
     def _commit(self, s: int, u: int) -> None:
         self.deciding = False
+        self._mark(s, 2, u)
         self.orders.setdefault(s, []).append(u)
         if len(self.orders[s]) == self.units:
             self.next_step += 1
@@ -263,6 +273,7 @@ class OverlapReplay:
         self._decide()
 
     def _unit_done(self, r: int, s: int, u: int) -> None:
+        self._mark(s, 1, u, r)
         self.back[r].setdefault(s, set()).add(u)
         self.back[r].pop(s - 2, None)
         if self.full:

@@ -10,8 +10,9 @@ of workers: ``overlapped.OverlapReplay``'s priority scheduler and gated forward,
   events fire in index order) and commits it after a consensus round of 2(N-1) alphas;
 * a committed unit is reduced on ``vector.VectorRing`` in commit order, each rank entering it once it is done
   with the one before;
-* from step ``LEARN_STEPS`` on, the units are committed in the last learning step's order with no round and no
-  wait for readiness everywhere, each rank entering a unit once it is ready there.
+* from step ``LEARN_STEPS`` on, the units are committed in the order planned from the last learning step's timing
+  (``timed_plan``; planned again from the first step run in it) with no round and no wait for readiness
+  everywhere, each rank entering a unit once it is ready there.
 
 ``tests/test_simulate_vector_overlap.py`` holds it equal to the flow replay.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..sync.schedule import CREDITS, LEARN_STEPS
+from .timed_plan import TimedSteps, source, timed
 
 
 def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
@@ -35,7 +37,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
     back = np.zeros((units, n))  # when each unit of the last step was summed on each rank
     done_at: list[float] = []  # per reduction, in commit order: when its last rank had the sum
     committed = -np.inf
-    learned: list[int] = []  # the last learning step's commit order
+    steps = TimedSteps(plan.numels, n)  # the timed steps, and the orders planned from them
     for s in range(cfg.steps):
         c = np.asarray(compute[s], dtype=np.float64)
         forward_s, backward_s = c * FORWARD_SHARE, c * (1 - FORWARD_SHARE)
@@ -47,17 +49,19 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
                 start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
         ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
         add_step(records, cfg, s, began, began + c, start + backward_s, sent)
+        t_ready, t_done, t_commit = steps.arrays(s) if timed(s) else (None, None, None)
+        if t_ready is not None:
+            t_ready[:] = ready
         if s >= LEARN_STEPS > 0:
-            for u in learned:
+            for u in steps.plan(source(s)):
                 k = len(done_at)
                 committed = max(committed, done_at[k - CREDITS] if k >= CREDITS else -np.inf)
-                inside = ring.reduce(u, np.maximum(np.maximum(inside, committed), ready[u]))
-                back[u] = inside
-                done_at.append(float(inside.max()))
+                inside = _reduce(ring, u, np.maximum(np.maximum(inside, committed), ready[u]), back, done_at,
+                                 (t_done, t_commit, committed))
             began = start + backward_s
             continue
         everywhere = ready.max(axis=1)
-        left, order = set(range(units)), []
+        left = set(range(units))
         while left:
             k = len(done_at)
             slots = done_at[k - CREDITS] if k >= CREDITS else -np.inf
@@ -70,11 +74,20 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
                 pick = [u for u in left if everywhere[u] <= t0]
             u = max(pick)
             left.discard(u)
-            order.append(u)
             committed = t0 + consensus
-            inside = ring.reduce(u, np.maximum(inside, committed))
-            back[u] = inside
-            done_at.append(float(inside.max()))
-        learned = order
+            inside = _reduce(ring, u, np.maximum(inside, committed), back, done_at, (t_done, t_commit, committed))
         began = start + backward_s
     return records
+
+
+def _reduce(ring, u: int, enter: np.ndarray, back: np.ndarray, done_at: list[float], timing: tuple) -> np.ndarray:
+    """Unit u reduced on ``ring``, each rank entering at ``enter``: when each rank has the sum (also into ``back``
+    and, its last rank's, ``done_at``); ``timing`` (a timed step's done and commit arrays, or None, and the
+    commit time) records it."""
+    inside = ring.reduce(u, enter)
+    back[u] = inside
+    done_at.append(float(inside.max()))
+    t_done, t_commit, committed = timing
+    if t_done is not None:
+        t_done[u], t_commit[u] = inside, committed
+    return inside

@@ -21,11 +21,16 @@ not (it asks again at once and blocks in the all-reduce until the ranks behind j
 
 A consensus round is a collective of its own: on ranks that share a few cores it costs 20-40 ms of
 every rank's CPU (traced at N = 8 on 2 cores, 1 Gbit), once per partition. So the ranks agree round by
-round for ``learn_steps`` steps only, then keep the last such step's order (``order``) and launch each
-bucket in it as soon as it is ready here and a credit is free, with no round at all: TicTac's fixed order
-(Hashemi et al., SysML'19), learned from the run's own timing instead of derived from the graph. Every
-rank learned the same order from the same rounds, so the collectives still line up; where a later step's
-timing differs, a rank waits for the bucket next in the order instead of launching another.
+round for ``learn_steps`` steps only, timing the last of them: when each bucket became ready here and how
+long the link was busy. One all-reduce (MAX) of those timings gives every rank the same figures, from which
+each computes the same order (``serving_order.timed_order``: a serial link serving the ready bucket nearest
+the input first), and plans once more from the first step run in that order (``PLANS``: the rounds' CPU
+slows the reductions of the steps they run in). It launches each bucket in the order (``order``) as soon as
+it is ready here and a credit is free, with no round at all: TicTac's fixed order (Hashemi et al., SysML'19), planned
+from the run's own timing instead of derived from the graph. The collectives still line up; where a later
+step's timing differs, a rank waits for the bucket next in the order instead of launching another. (The
+rounds' own order is not kept: a round decides at the instant a credit frees, and so sends a bucket the
+next forward needs last ahead of one a few milliseconds from ready that it needs first.)
 
 ``submit`` (from backward's hooks) returns at once with a handle the trainer waits on, as
 ``Reducer.launch``'s does, so ``ReduceSync`` and its per-bucket updates are the same with or without it.
@@ -35,6 +40,7 @@ from __future__ import annotations
 import datetime
 import queue
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -42,12 +48,16 @@ import torch.distributed as dist
 from .buckets import Bucket
 from .handles import FutureHandle, Handle
 from .reducer import Reducer
+from .serving_order import planned_order, rank_figures
 
 # Reductions in flight: one on the link, the next agreed on and queued behind it. Emulated 1 Gbit, N = 4,
 # ResNet-18, ring --overlap full: 1 credit (no pipelining) 1.00 s a step, 2 credits 0.76 s, 3 credits 0.77 s
 CREDITS = 2
 # Steps agreed on round by round before their order is kept: the first has no forward to overlap with.
 LEARN_STEPS = 2
+# Plans of the kept order (``serving_order``): from the last step agreed on, whose rounds slow its reductions
+# (their CPU), then once more from the first step run in that plan, with none.
+PLANS = 2
 
 
 def consensus_group(world: int, timeout_s: float):
@@ -70,8 +80,12 @@ class PriorityScheduler:
         self.stop = False
         self.failed: BaseException | None = None
         self.decisions = 0  # consensus rounds (one per reduction, more while a rank is behind)
+        # the timed steps' timing (perf_counter): {step: {"ready": {bucket: t}, "spans": {bucket: [launch, end]}}}
+        self.timing: dict[int, dict] = {}
+        self.nbytes: dict[int, int] = {}
+        self.submitted = self.launches = self.completed = 0  # buckets submitted, launched, reduced since the start
         self.credits = threading.Semaphore(credits)
-        self.launched: queue.Queue = queue.Queue()  # (the reducer's handle, the trainer's), launch order
+        self.launched: queue.Queue = queue.Queue()  # (the reducer's handle, the trainer's, the bucket), launch order
         self.thread = threading.Thread(target=self._run, name="psring-priority", daemon=True)
         self.completer = threading.Thread(target=self._complete, name="psring-priority-done", daemon=True)
         self.thread.start()
@@ -85,6 +99,10 @@ class PriorityScheduler:
                 h.done.set()
                 return h
             self.pending[b.index] = (b, h)
+            self.nbytes[b.index] = b.nbytes
+            if (timing := self._timed(self.submitted)) is not None:
+                timing["ready"][b.index] = time.perf_counter()
+            self.submitted += 1
             self.version += 1
             self.cond.notify()
         return h
@@ -103,12 +121,11 @@ class PriorityScheduler:
             self._replay()
 
     def _agree(self) -> bool:
-        """Consensus rounds, one per launch, until ``learn_steps`` steps are launched; True once the last
-        one's order is kept, False when stopped or failed."""
+        """Consensus rounds, one per launch, until ``learn_steps`` steps are launched (0: for ever); True
+        then, False when stopped or failed."""
         counts = torch.zeros(self.n, dtype=torch.int32)
         behind_at = None  # the submit count at a round that showed this rank behind: wait until it moves
-        launched: list[int] = []
-        while self.learn_steps <= 0 or len(launched) < self.learn_steps * self.n:
+        while self.learn_steps <= 0 or self.launches < self.learn_steps * self.n:
             if not self.credits.acquire(timeout=self.timeout_s):
                 continue  # every credit out for a whole timeout: the completer reports that failure
             with self.cond:
@@ -138,13 +155,41 @@ class PriorityScheduler:
                 return False
             if not self._launch(b, h):
                 return False
-            if self.learn_steps > 0:  # (0: every step agreed on; nothing to keep)
-                launched.append(b.index)
-        self.order = launched[-self.n:]
+        return True
+
+    def _timed(self, count: int) -> dict | None:
+        """The timing record of the step the ``count``-th submit (or launch, or end) since the start is of,
+        where that step is timed: the last one agreed on and the first run in its plan; else None."""
+        step = count // self.n
+        if self.learn_steps > 0 and 0 <= step - (self.learn_steps - 1) < PLANS:
+            return self.timing.setdefault(step, {"ready": {}, "spans": {}})
+        return None
+
+    def _plan(self, step: int) -> bool:
+        """``order`` from timed step ``step``, once every one of its reductions ended here: the same on every
+        rank (one MAX all-reduce of the timings). False when stopped or failed."""
+        with self.cond:
+            while self.completed < (step + 1) * self.n:
+                if self.stop or self.failed is not None:
+                    return False
+                self.cond.wait(self.timeout_s)  # idle between runs' phases: keep waiting
+            timing = self.timing.pop(step)
+        mine = rank_figures([timing["ready"][i] for i in range(self.n)], list(timing["spans"].values()))
+        figures = torch.tensor(mine, dtype=torch.float64)
+        try:
+            dist.all_reduce(figures, op=dist.ReduceOp.MAX, group=self.group)
+        except BaseException as e:  # noqa: BLE001 - every waiting bucket fails
+            self._fail(e)
+            return False
+        self.order = planned_order(figures.tolist(), [self.nbytes[i] for i in range(self.n)])
         return True
 
     def _replay(self) -> None:
-        """Launch every step's buckets in ``order``, each once it is ready here and a credit is free."""
+        """Launch every step's buckets in ``order``, each once it is ready here and a credit is free; the
+        order planned from the last step agreed on, then again from the first step run in it."""
+        step = self.learn_steps - 1
+        if not self._plan(step):
+            return
         while True:
             for i in self.order:
                 while not self.credits.acquire(timeout=self.timeout_s):
@@ -158,10 +203,16 @@ class PriorityScheduler:
                     b, h = self.pending.pop(i)
                 if not self._launch(b, h):
                     return
+            step += 1
+            if step - (self.learn_steps - 1) < PLANS and not self._plan(step):
+                return
 
     def _launch(self, b: Bucket, h: FutureHandle) -> bool:
         try:
-            self.launched.put((self.reducer.launch(b), h))
+            if (timing := self._timed(self.launches)) is not None:
+                timing["spans"][b.index] = [time.perf_counter(), 0.0]
+            self.launches += 1
+            self.launched.put((self.reducer.launch(b), h, b.index))
             return True
         except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer, and to every later bucket
             h.error = e
@@ -179,12 +230,17 @@ class PriorityScheduler:
             job = self.launched.get()
             if job is None:
                 return
-            work, h = job
+            work, h, index = job
             try:
                 work.wait()
             except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer
                 h.error = e
                 self._fail(e)
+            with self.cond:
+                if (timing := self._timed(self.completed)) is not None:
+                    timing["spans"][index][1] = time.perf_counter()
+                self.completed += 1
+                self.cond.notify_all()
             h.done.set()
             self.credits.release()
 

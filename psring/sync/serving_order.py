@@ -1,0 +1,89 @@
+"""The order the reduce family's priority scheduler keeps for a run (``sync.schedule``), from one step's own timing.
+
+P3's priority (Jayarajan et al., SysML'19) says: whenever the link is free, send the ready bucket nearest the
+input, since the next forward needs it first. TicTac (Hashemi et al., SysML'19) fixes one such order for the
+whole run, so the ranks need not agree before each reduction. Here the order is the one a single serial link
+would follow over a timed step: bucket i ready at ``ready[i]`` (the latest over the ranks), holding the link for
+its bytes' share of the seconds the link was busy in that step.
+
+Agreeing round by round instead (what the scheduler does while it learns) decides at the instant a credit
+frees. A bucket nearer the input that becomes ready a few milliseconds later then loses to one the next forward
+needs last: at N = 8 on 2 cores, 1 Gbit, the back-most of ResNet-18's 13 partitions went third and the last
+front ones waited for it (``results/overlap_n8_1gbit``). Planned from the timing, the link idles for those
+milliseconds and serves the front one first.
+
+Indices follow the flat layout, which runs in backward order: a higher index is nearer the input.
+"""
+from __future__ import annotations
+
+import math
+
+
+# A bucket ready this share of a mean bucket's link time after the link frees counts as ready then: the
+# pieces of one large tensor are ready together, but their hooks fire a few microseconds apart, and a front
+# bucket a few milliseconds from ready is worth that much idle link.
+TIE_SHARE = 0.1
+
+
+def serving_order(ready: list[float], cost: list[float], tie_s: float = 0.0) -> list[int]:
+    """The order one serial link serves the buckets in. Whenever it is free it takes the highest index among
+    those ready (``ready[i]``, seconds) within ``tie_s``, or else, idle, the highest index ready within
+    ``tie_s`` of the first to be ready, and holds it ``cost[i]`` seconds.
+
+    >>> serving_order([0.0, 0.0, 0.5], [1.0, 1.0, 1.0])  # bucket 2 is ready before the link frees from bucket 1
+    [1, 2, 0]
+    >>> serving_order([0.0, 0.001, 0.5], [1.0, 1.0, 1.0], tie_s=0.01)  # bucket 1 counts as ready with bucket 0
+    [1, 2, 0]
+    """
+    left, order, t = set(range(len(ready))), [], -math.inf
+    while left:
+        t = max(t, min(ready[k] for k in left))  # idle until the first is ready
+        k = max(k for k in left if ready[k] <= t + tie_s)
+        t = max(t, ready[k]) + cost[k]
+        order.append(k)
+        left.remove(k)
+    return order
+
+
+def busy_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the ``(start, end)`` spans: the link's busy time, with reductions
+    in flight side by side counted once.
+
+    >>> busy_seconds([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0)])
+    4.0
+    """
+    busy, end = 0.0, -math.inf
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return busy
+
+
+def rank_figures(ready: list[float], spans: list[tuple[float, float]]) -> list[float]:
+    """One rank's figures of a timed step: each bucket's ready time after the step's first, then the seconds
+    its link was busy (``spans``: each reduction's launch and end). Every rank's are reduced with MAX (a
+    bucket leaves once every rank has it; the slowest link paces the ring) before ``planned_order``.
+
+    >>> rank_figures([5.0, 5.5, 6.0], [(5.0, 6.0), (5.5, 7.0)])
+    [0.0, 0.5, 1.0, 2.0]
+    """
+    first = min(ready)
+    return [r - first for r in ready] + [busy_seconds(spans)]
+
+
+def planned_order(figures: list[float], nbytes: list[int]) -> list[int]:
+    """The kept order from ``rank_figures`` reduced over the ranks (MAX) and each bucket's bytes."""
+    return timed_order(figures[:-1], figures[-1], nbytes)
+
+
+def timed_order(ready: list[float], busy_s: float, nbytes: list[int]) -> list[int]:
+    """``serving_order`` for one timed step: each bucket's link time its bytes' share of ``busy_s``; ties
+    within ``TIE_SHARE`` of a mean bucket's link time.
+
+    >>> timed_order([0.0, 0.001, 0.5], 3.0, [4, 4, 4])
+    [1, 2, 0]
+    """
+    per_byte = busy_s / max(1, sum(nbytes))
+    cost = [n * per_byte for n in nbytes]
+    return serving_order(ready, cost, TIE_SHARE * sum(cost) / max(1, len(cost)))
