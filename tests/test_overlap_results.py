@@ -69,20 +69,20 @@ def test_full_beats_backward(runs):
 
 def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2; the
-    reduce family's full points 1.06-1.08x with its updates (3-4% of a step) in the bound (1.08-1.09x before
-    the order was kept after two steps), more without them; the PS's full point at N = 2 1.08x with the chunk fitted for full, at N = 4 1.24x with
+    reduce family's full points 1.03-1.05x with its updates (2-4% of a step) in the bound (1.06-1.08x before
+    the order was planned from the timed steps, 1.08-1.09x before it was kept after two steps), more without them; the PS's full point at N = 2 1.08x with the chunk fitted for full, at N = 4 1.24x with
     the cores it would need at its bound near 1."""
     g = at(runs, link_rate="1gbit")
     back = at(g, overlap="backward")
     assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
     full = at(g, overlap="full")
     reduce, ps = full[full["sync"] != "ps"], full[full["sync"] == "ps"]
-    assert reduce["step_over_bound"].between(1.05, 1.08).all()
+    assert reduce["step_over_bound"].between(1.03, 1.06).all()
     ps_by_n = ps.set_index("workers")
     assert ps_by_n.loc[2, "step_over_bound"] < 1.10 and ps_by_n.loc[2, "chunk_drain"] == 4
     assert 1.15 < ps_by_n.loc[4, "step_over_bound"] < 1.25 and ps_by_n.loc[4, "cpu_at_bound"] > 0.9
     unupdated = with_bounds(reduce.drop(columns=["step_bound_s", "step_over_bound"]).assign(update_s_p50=0.0))
-    assert (unupdated["step_over_bound"] > reduce["step_over_bound"] + 0.015).all()
+    assert (unupdated["step_over_bound"] > reduce["step_over_bound"] + 0.01).all()
     assert (g[g["sync"] != "ps"]["update_s_p50"] / g[g["sync"] != "ps"]["step_bound_s"]).between(0.015, 0.05).all()
 
 
@@ -169,8 +169,8 @@ def test_overlap_chunks_claims():
 def test_overlap_n8_1gbit_claims():
     """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family's partitions at least the floor
     from the shared cores: both backward points within 1.10x; both full points above it (with the 0.3 share under
-    full: all-reduce 1.12x on 13 partitions, the ring 1.38x on a 16 MB draw, 3 partitions); the studies
-    beside them are read back in test_overlap_n8_studies.py."""
+    full, and the order planned from the timed steps: all-reduce 1.10x on 15 partitions, the ring 1.17x on an 11-partition
+    draw); the studies beside them are read back in test_overlap_n8_studies.py."""
     df = table("overlap_n8_1gbit")
     assert (df["status"] == "ok").all() and len(df) == 6
     at_bound = df["cpu_at_bound"]
@@ -179,10 +179,10 @@ def test_overlap_n8_1gbit_claims():
     assert ps["cpu_saturated"].astype(bool).all()
     reduce = df[df["sync"] != "ps"]
     part = reduce["partition_bytes"]
-    assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 3e6).all()
+    assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 2.5e6).all()
     assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.10
-    assert 1.10 < ar.loc["full", "step_over_bound"] < 1.13 and 1.3 < ring.loc["full", "step_over_bound"] < 1.4
-    assert 12 <= 44_695_848 / ar.loc["full", "partition_bytes"] < 14 and ring.loc["full", "partition_bytes"] > 15e6
+    assert 1.10 < ar.loc["full", "step_over_bound"] < 1.11 and 1.15 < ring.loc["full", "step_over_bound"] < 1.2
+    assert 15 <= 44_695_848 / ar.loc["full", "partition_bytes"] < 16 and 10 <= 44_695_848 / ring.loc["full", "partition_bytes"] < 11
     assert 1.10 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
 
 
@@ -238,7 +238,8 @@ def test_overlap_n8_1gbit_aligned_cut_claims():
 
 def test_overlap_rate_ladder_claims():
     """results/overlap_rate_ladder's README: the 1 Gbit points that miss 1.10x close on their bounds as the rate
-    (and the CPU a second) falls; at 250 Mbit within 1.10x with full beating backward by 1.14x or more; at 500 Mbit
+    (and the CPU a second) falls (the PS's step by step; the reduce family's single draws of the partition below 1 Gbit
+    either way); at 250 Mbit within 1.10x with full beating backward by 1.13x or more; at 500 Mbit
     the reduce family's full within 1.10x since the aligned cut, the PS's at 1.12x; the reduce
     family's partitions floored by the shared cores (its rows rerun), every backward within 1.05x; at 1 Gbit the PS's
     full needs the whole machine at its bound."""
@@ -247,16 +248,17 @@ def test_overlap_rate_ladder_claims():
     rates = ["1gbit", "500mbit", "250mbit"]
     for sync in ("ps", "ring", "allreduce"):
         full = at(df, sync=sync, overlap="full").set_index("link_rate").loc[rates, "step_over_bound"]
-        assert full.is_monotonic_decreasing and full.iloc[0] > (1.15 if sync == "ps" else 1.10), (sync, full)
+        assert (full.is_monotonic_decreasing if sync == "ps" else full.iloc[0] > full.iloc[1:].max()), (sync, full)
+        assert full.iloc[0] > (1.15 if sync == "ps" else 1.10), (sync, full)
         slow = at(df, sync=sync, link_rate="250mbit").set_index("overlap")
         assert (slow["step_over_bound"] <= 1.10).all()
-        assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.14
+        assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.13
     reduce = df[df["sync"] != "ps"]
     assert (reduce["partition_bytes"] >= reduce["cores_partition_bytes"]).all()
     assert (reduce["cores_partition_bytes"] > reduce["link_partition_bytes"]).sum() >= 10
     assert (at(reduce, overlap="backward")["step_over_bound"] < 1.05).all()
     mid = at(df, link_rate="500mbit", overlap="full").set_index("sync")
-    assert mid.loc[["ring", "allreduce"], "step_over_bound"].between(1.05, 1.10).all() and (mid["cpu_at_bound"] < 0.8).all()
+    assert mid.loc[["ring", "allreduce"], "step_over_bound"].between(1.03, 1.10).all() and (mid["cpu_at_bound"] < 0.8).all()
     ab = pd.read_csv(RESULTS / "overlap_rate_ladder" / "learned_order_500mbit.csv")
     wide = ab.pivot_table(index=["sync", "pair"], columns="arm", values=["step_s_p50", "cpu_util"])
     ratio = (wide["step_s_p50"]["learned"] / wide["step_s_p50"]["consensus"]).groupby("sync").median()

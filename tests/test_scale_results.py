@@ -183,7 +183,7 @@ def test_scale_overlap_claims():
     df["arr"] = ["ring" if s == "allreduce" else f"ps/{n // k}" for s, n, k in zip(df["sync"], df["workers"], df["servers"])]
     eff = df.pivot_table(index=["link_rate", "arr", "workers"], columns="overlap", values="eff")
     best = eff.max(axis=1)
-    for rate, lead_none, lead_best in (("10gbit", (1.15, 1.30), (1.06, 1.15)), ("25gbit", (1.08, 1.2), (1.0, 1.04))):
+    for rate, lead_none, lead_best in (("10gbit", (1.15, 1.30), (1.04, 1.10)), ("25gbit", (1.08, 1.2), (1.0, 1.04))):
         for n in (8, 16):
             ps, ring = eff.loc[(rate, "ps/1", n)], eff.loc[(rate, "ring", n)]
             assert lead_none[0] < ps["none"] / ring["none"] < lead_none[1]
@@ -191,7 +191,7 @@ def test_scale_overlap_claims():
             assert eff.loc[(rate, "ps/4", n), "backward"] == pytest.approx(eff.loc[(rate, "ps/4", n), "full"], rel=0.01)
             assert eff.loc[(rate, "ps/4", n)].max() < 0.6
     ring10 = eff.xs(("10gbit", "ring"))
-    assert (ring10["full"] / ring10["none"]).between(1.3, 1.55).all()
+    assert (ring10["full"] / ring10["none"]).between(1.4, 1.6).all()
     ring25 = eff.xs(("25gbit", "ring"))
     assert (ring25["full"] < ring25["backward"]).all() and (ring25["backward"] > 0.88).all()
 
@@ -222,8 +222,8 @@ def test_scale_codecs_claims():
 
 def test_scale_overlap_ring_claims():
     """results/scale_overlap_ring's README: the numpy replays carry the ring's modes to 1,024 workers, equal to the
-    flow replay's rows at N <= 32; with the priority order kept after two steps, full leads backward at every N at
-    10 Gbit/s, and at 25 Gbit/s trails it up to 256 and leads at 512 and 1,024; overlap's gain over none shrinks."""
+    flow replay's rows at N <= 32; with the priority order planned after two steps, full leads backward at every N at
+    10 Gbit/s, and at 25 Gbit/s trails it up to 128 and leads from 256 to 1,024; overlap's gain over none shrinks."""
     raw = pd.read_csv(FOLDER.parent / "scale_overlap_ring" / "runs.csv")
     assert (raw["status"] == "ok").all() and raw["simulated"].astype(bool).all() and len(raw) == 49
     df = raw[raw["workers"] > 1]
@@ -235,7 +235,7 @@ def test_scale_overlap_ring_claims():
     assert (mine.loc[flow.index] - flow).abs().max().max() < 1e-6
     ten, quarter = eff.xs("10gbit"), eff.xs("25gbit")
     assert (ten["full"] > ten["backward"]).all()
-    few, many = [8, 16, 32, 64, 128, 256], [512, 1024]
+    few, many = [8, 16, 32, 64, 128], [256, 512, 1024]
     assert (quarter.loc[few, "full"] < quarter.loc[few, "backward"]).all()
     assert (quarter.loc[many, "full"] > quarter.loc[many, "backward"]).all()
     gain = eff["backward"] / eff["none"]
