@@ -1,9 +1,11 @@
-"""The priority scheduler's kept order in a replay, planned as ``sync.schedule`` plans it: from the timing of the
-last step agreed on round by round, then again from the first step run in that plan (``PLANS``), with
-``sync.serving_order``'s own functions (each rank's figures, their MAX over the ranks, the serial link's order).
+"""The priority scheduler's kept order in a replay, planned as ``sync.schedule`` plans it: from the timing
+of the last step agreed on round by round, then again from the first step run in that plan (``PLANS``),
+with ``sync.serving_order``'s own functions (each rank's figures, their MAX over the ranks, the serial
+link's order).
 
-A rank launches a unit at its commit (the decision every rank shares) or once the unit is ready there, whichever
-is later, and has it back when its ring ends there: those are the spans whose union is the rank's busy link.
+A rank launches a unit at its commit (the decision every rank shares) or once the unit is ready there,
+whichever is later, and has it back when its ring ends there: those are the spans whose union is the rank's
+busy link.
 """
 from __future__ import annotations
 

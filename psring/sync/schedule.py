@@ -26,11 +26,12 @@ long the link was busy. One all-reduce (MAX) of those timings gives every rank t
 each computes the same order (``serving_order.timed_order``: a serial link serving the ready bucket nearest
 the input first), and plans once more from the first step run in that order (``PLANS``: the rounds' CPU
 slows the reductions of the steps they run in). It launches each bucket in the order (``order``) as soon as
-it is ready here and a credit is free, with no round at all: TicTac's fixed order (Hashemi et al., SysML'19), planned
-from the run's own timing instead of derived from the graph. The collectives still line up; where a later
-step's timing differs, a rank waits for the bucket next in the order instead of launching another. (The
-rounds' own order is not kept: a round decides at the instant a credit frees, and so sends a bucket the
-next forward needs last ahead of one a few milliseconds from ready that it needs first.)
+it is ready here and a credit is free, with no round at all: TicTac's fixed order (Hashemi et al.,
+SysML'19), planned from the run's own timing instead of derived from the graph. The collectives still
+line up; where a later step's timing differs, a rank waits for the bucket next in the order instead of
+launching another. (The rounds' own order is not kept: a round decides at the instant a credit frees, and
+so sends a bucket the next forward needs last ahead of one a few milliseconds from ready that it needs
+first.)
 
 ``submit`` (from backward's hooks) returns at once with a handle the trainer waits on, as
 ``Reducer.launch``'s does, so ``ReduceSync`` and its per-bucket updates are the same with or without it.
@@ -80,12 +81,12 @@ class PriorityScheduler:
         self.stop = False
         self.failed: BaseException | None = None
         self.decisions = 0  # consensus rounds (one per reduction, more while a rank is behind)
-        # the timed steps' timing (perf_counter): {step: {"ready": {bucket: t}, "spans": {bucket: [launch, end]}}}
+        # the timed steps (perf_counter): {step: {"ready": {bucket: t}, "spans": {bucket: [launch, end]}}}
         self.timing: dict[int, dict] = {}
         self.nbytes: dict[int, int] = {}
-        self.submitted = self.launches = self.completed = 0  # buckets submitted, launched, reduced since the start
+        self.submitted = self.launches = self.completed = 0  # buckets submitted, launched, reduced so far
         self.credits = threading.Semaphore(credits)
-        self.launched: queue.Queue = queue.Queue()  # (the reducer's handle, the trainer's, the bucket), launch order
+        self.launched: queue.Queue = queue.Queue()  # (reducer's handle, trainer's, bucket), launch order
         self.thread = threading.Thread(target=self._run, name="psring-priority", daemon=True)
         self.completer = threading.Thread(target=self._complete, name="psring-priority-done", daemon=True)
         self.thread.start()

@@ -1,16 +1,16 @@
-"""The order the reduce family's priority scheduler keeps for a run (``sync.schedule``), from one step's own timing.
+"""The order the reduce family's priority scheduler keeps for a run (``sync.schedule``), from a step's timing.
 
 P3's priority (Jayarajan et al., SysML'19) says: whenever the link is free, send the ready bucket nearest the
 input, since the next forward needs it first. TicTac (Hashemi et al., SysML'19) fixes one such order for the
 whole run, so the ranks need not agree before each reduction. Here the order is the one a single serial link
-would follow over a timed step: bucket i ready at ``ready[i]`` (the latest over the ranks), holding the link for
-its bytes' share of the seconds the link was busy in that step.
+would follow over a timed step: bucket i ready at ``ready[i]`` (the latest over the ranks), holding the link
+for its bytes' share of the seconds the link was busy in that step.
 
 Agreeing round by round instead (what the scheduler does while it learns) decides at the instant a credit
-frees. A bucket nearer the input that becomes ready a few milliseconds later then loses to one the next forward
-needs last: at N = 8 on 2 cores, 1 Gbit, the back-most of ResNet-18's 13 partitions went third and the last
-front ones waited for it (``results/overlap_n8_1gbit``). Planned from the timing, the link idles for those
-milliseconds and serves the front one first.
+frees. A bucket nearer the input that becomes ready a few milliseconds later then loses to one the next
+forward needs last: at N = 8 on 2 cores, 1 Gbit, the back-most of ResNet-18's 13 partitions went third and
+the last front ones waited for it (``results/overlap_n8_1gbit``). Planned from the timing, the link idles for
+those milliseconds and serves the front one first.
 
 Indices follow the flat layout, which runs in backward order: a higher index is nearer the input.
 """
@@ -30,9 +30,9 @@ def serving_order(ready: list[float], cost: list[float], tie_s: float = 0.0) -> 
     those ready (``ready[i]``, seconds) within ``tie_s``, or else, idle, the highest index ready within
     ``tie_s`` of the first to be ready, and holds it ``cost[i]`` seconds.
 
-    >>> serving_order([0.0, 0.0, 0.5], [1.0, 1.0, 1.0])  # bucket 2 is ready before the link frees from bucket 1
+    >>> serving_order([0.0, 0.0, 0.5], [1.0, 1.0, 1.0])  # 2 is ready before the link frees from 1
     [1, 2, 0]
-    >>> serving_order([0.0, 0.001, 0.5], [1.0, 1.0, 1.0], tie_s=0.01)  # bucket 1 counts as ready with bucket 0
+    >>> serving_order([0.0, 0.001, 0.5], [1.0, 1.0, 1.0], tie_s=0.01)  # 1 counts as ready with 0
     [1, 2, 0]
     """
     left, order, t = set(range(len(ready))), [], -math.inf
