@@ -53,3 +53,18 @@ def test_the_planned_order_against_the_rounds_own():
     assert (ratio.loc["ring"] < 1).all() and ratio.loc["ring", "3.5"].between(0.97, 0.99).all()
     assert (ratio.loc["allreduce"] < 1).sum() == 5 and ratio.loc["allreduce"].median() < 0.995
     assert kept[(kept.arm == "planned")].groupby("strategy")["step_s_p50"].max().lt(0.90).all()
+
+
+def test_more_probe_repeats_steady_all_reduce_but_not_the_ring():
+    """probe_repeats.csv: every inflated intercept (above 1 ms) comes with a fitted rate above the link's 119.6 MB/s;
+    four repeats keep all-reduce's six draws at 11.9-14.9 partitions with no inflated intercept, while the ring still
+    drew two."""
+    d = pd.read_csv(FOLDER / "probe_repeats.csv")
+    assert len(d) == 24 and d.groupby(["strategy", "arm"]).size().eq(6).all()
+    inflated = d["probe_fixed_ms"] > 1
+    assert (d.loc[inflated, "probe_rate_Bps"] > 119.6e6).all()
+    parts = (44_695_848 / d["partition_bytes"]).groupby([d["strategy"], d["arm"]])
+    assert parts.min()[("allreduce", "more")] > 11.5 and parts.max()[("allreduce", "more")] < 15
+    assert parts.min()[("allreduce", "base")] < 5 and parts.min()[("ring", "more")] < 5
+    assert inflated.groupby([d["strategy"], d["arm"]]).sum().to_dict() == {
+        ("allreduce", "base"): 4, ("allreduce", "more"): 0, ("ring", "base"): 3, ("ring", "more"): 2}
