@@ -6,11 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from psring.bench.reduce_paced import aligned
+from psring.bench.reduce_paced import aligned, partition_ready
 from psring.bounds import param_bytes
-from psring.overlap_model import ready_times
-from psring.simulate.timed_plan import TimedSteps, source, timed
-from psring.sync.schedule import LEARN_STEPS, PLANS
+from psring.simulate.timed_plan import TimedSteps, source
+from psring.sync.schedule import LEARN_STEPS, PLANS, timed_step
 from psring.sync.serving_order import busy_seconds, planned_order, rank_figures, serving_order, timed_order
 
 
@@ -19,9 +18,7 @@ def resnet18_partitions(backward_s: float = 0.436, mib: float = 3.5):
     each ready once backward made every tensor it holds part of."""
     sizes = list(param_bytes("resnet18"))
     parts = aligned(sizes, int(mib * 2**20))[::-1]
-    ready_of, starts = ready_times(sizes, backward_s), np.cumsum([0, *sizes[:-1]])
-    ready = [max(r for r, s, n in zip(ready_of, starts, sizes) if s < hi and s + n > lo) for lo, hi in parts]
-    return ready, [hi - lo for lo, hi in parts]
+    return partition_ready(sizes, parts, backward_s), [hi - lo for lo, hi in parts]
 
 
 def test_the_back_most_partition_goes_last_where_a_front_one_is_ready_by_the_time_the_link_frees():
@@ -58,7 +55,7 @@ def test_every_rank_plans_the_same_order_from_the_max_of_their_figures():
 def test_the_replays_plan_from_the_steps_the_scheduler_times():
     """``TimedSteps`` turns a replay's ready, commit and done times into the scheduler's figures: a rank
     launches at the commit or once ready there, whichever is later."""
-    assert [s for s in range(6) if timed(s)] == list(range(LEARN_STEPS - 1, LEARN_STEPS - 1 + PLANS))
+    assert [s for s in range(6) if timed_step(s)] == list(range(LEARN_STEPS - 1, LEARN_STEPS - 1 + PLANS))
     assert [source(s) for s in range(LEARN_STEPS, LEARN_STEPS + PLANS + 1)][-1] == LEARN_STEPS - 1 + PLANS - 1
     steps = TimedSteps([4, 4, 4], ranks=2)
     ready, done, commit = steps.arrays(1)

@@ -72,6 +72,18 @@ def aligned(sizes: list[int], partition: int) -> list[tuple[int, int]]:
     return sorted((nbytes - 4 * r.end, nbytes - 4 * r.start) for r in ranges)
 
 
+def partition_ready(sizes: list[int], parts: list[tuple[int, int]], backward_s: float) -> list[float]:
+    """When each partition (byte range of the forward-order buffer) is ready in a backward of ``backward_s``:
+    once backward made every tensor it holds part of (``overlap_model.ready_times``, a tensor whole at once).
+
+    >>> partition_ready([4, 4, 4], [(0, 6), (6, 12)], 3.0)  # the tensors ready at 3, 2 and 1 s
+    [3.0, 2.0]
+    """
+    ready_of = ready_times(sizes, backward_s)
+    starts = [0, *itertools.accumulate(sizes)][:-1]
+    return [max(r for r, s, n in zip(ready_of, starts, sizes) if s < hi and s + n > lo) for lo, hi in parts]
+
+
 def order(sizes: list[int], parts: list[tuple[int, int]], backward_s: float, link_s_per_byte: float) -> list[int]:
     """The order a serial link serves the partitions in, the front-most ready one whenever it is free
     (``sync.serving_order``, as psring's scheduler plans it, there from its timing): readiness from
@@ -83,9 +95,7 @@ def order(sizes: list[int], parts: list[tuple[int, int]], backward_s: float, lin
     """
     from ..sync.serving_order import serving_order
 
-    ready_of = ready_times(sizes, backward_s)
-    starts = [0, *itertools.accumulate(sizes)][:-1]
-    ready = [max(r for r, s, n in zip(ready_of, starts, sizes) if s < hi and s + n > lo) for lo, hi in parts]
+    ready = partition_ready(sizes, parts, backward_s)
     cost = [(hi - lo) * link_s_per_byte for lo, hi in parts]
     last = len(parts) - 1  # serving_order's indices run back to front
     return [last - k for k in serving_order(ready[::-1], cost[::-1])]

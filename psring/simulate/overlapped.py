@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..sync.ring import chunk_sizes, schedule
-from ..sync.schedule import CREDITS, LEARN_STEPS
-from .timed_plan import TimedSteps, source, timed
+from ..sync.schedule import CREDITS, LEARN_STEPS, timed_step
+from .timed_plan import TimedSteps, source
 
 SEND, RECV = 1, 2
 
@@ -237,7 +237,7 @@ class OverlapReplay:
 
     def _mark(self, s: int, what: int, u: int, r: int | None = None) -> None:
         """A timed step's ready (``what`` 0), done (1) or commit (2) time of unit u (on rank r): now."""
-        if self.priority and timed(s):
+        if self.priority and timed_step(s):
             self.timed.arrays(s)[what][u if r is None else (u, r)] = self.net.now
 
     def _ready(self, r: int, s: int, u: int) -> None:

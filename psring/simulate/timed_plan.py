@@ -15,11 +15,6 @@ from ..sync.schedule import LEARN_STEPS, PLANS
 from ..sync.serving_order import planned_order, rank_figures
 
 
-def timed(step: int) -> bool:
-    """Whether the scheduler times ``step`` for a plan."""
-    return LEARN_STEPS > 0 and 0 <= step - (LEARN_STEPS - 1) < PLANS
-
-
 def source(step: int) -> int:
     """The timed step whose plan a kept-order step (``step >= LEARN_STEPS``) runs in."""
     return min(step - 1, LEARN_STEPS - 1 + PLANS - 1)

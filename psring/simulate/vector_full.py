@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sync.schedule import CREDITS, LEARN_STEPS
-from .timed_plan import TimedSteps, source, timed
+from ..sync.schedule import CREDITS, LEARN_STEPS, timed_step
+from .timed_plan import TimedSteps, source
 
 
 def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
@@ -49,7 +49,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
                 start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
         ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
         add_step(records, cfg, s, began, began + c, start + backward_s, sent)
-        t_ready, t_done, t_commit = steps.arrays(s) if timed(s) else (None, None, None)
+        t_ready, t_done, t_commit = steps.arrays(s) if timed_step(s) else (None, None, None)
         if t_ready is not None:
             t_ready[:] = ready
         if s >= LEARN_STEPS > 0:

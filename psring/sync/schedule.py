@@ -61,6 +61,12 @@ LEARN_STEPS = 2
 PLANS = 2
 
 
+def timed_step(step: int, learn_steps: int = LEARN_STEPS) -> bool:
+    """Whether ``step`` is timed for a plan of the kept order: the last step agreed on round by round, then the
+    first ``PLANS - 1`` run in a plan (the replays, ``simulate.timed_plan``, time the same steps)."""
+    return learn_steps > 0 and 0 <= step - (learn_steps - 1) < PLANS
+
+
 def consensus_group(world: int, timeout_s: float):
     """The ranks' group for the readiness flags: gloo whatever the data's backend (a few CPU ints; NCCL
     takes CUDA tensors only), and apart from the data's collectives. Every rank must call it."""
@@ -162,7 +168,7 @@ class PriorityScheduler:
         """The timing record of the step the ``count``-th submit (or launch, or end) since the start is of,
         where that step is timed: the last one agreed on and the first run in its plan; else None."""
         step = count // self.n
-        if self.learn_steps > 0 and 0 <= step - (self.learn_steps - 1) < PLANS:
+        if timed_step(step, self.learn_steps):
             return self.timing.setdefault(step, {"ready": {}, "spans": {}})
         return None
 
@@ -205,7 +211,7 @@ class PriorityScheduler:
                 if not self._launch(b, h):
                     return
             step += 1
-            if step - (self.learn_steps - 1) < PLANS and not self._plan(step):
+            if timed_step(step, self.learn_steps) and not self._plan(step):
                 return
 
     def _launch(self, b: Bucket, h: FutureHandle) -> bool:
