@@ -24,34 +24,37 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass
 
 import torch
 
-# Both beyond tbf's 1 MB burst; at 100 Mbit the larger takes 0.5 s (all-reduce, N = 4), at 10 Gbit 5 ms.
+# Both beyond tbf's 1 MB burst. The PS's probe echoes 2 and 6 MB; the collective's reduces 4 and 12 MB, because
+# a 2 MB reduction at N = 8 on 2 cores reads up to 16 ms slow (the ranks' turns on the cores, not the link), which
+# lifted the fit's intercept to 9-27 ms and its rate to 130-169 MB/s on a 119.6 MB/s link, and cut 4-10 MB
+# partitions where 3.5 MB is fastest; 4-12 MB lie within 2 ms of the line (results/overlap_n8_1gbit,
+# probe_sizes.csv). At 100 Mbit the larger takes 1.5 s (all-reduce, N = 4).
 PROBE_BYTES = (2 << 20, 6 << 20)
+REDUCE_PROBE_BYTES = (4 << 20, 12 << 20)
 REPEATS = 2  # the fastest of each size: one late start (a page fault, a scheduler tick) is not the link
-CALL_BYTES, CALL_REPEATS = 4 << 10, 7  # a call of a few kB, its CPU the median of seven: what a partition costs
-# beyond its bytes (a mean over two calls read 24-35 ms for the same gloo call at N = 8 on 2 cores)
-# The share of shared cores a step's partition calls may take (their CPU beyond their bytes, by the probe's
-# reading) over the step's communication bound. In results/overlap_n8_1gbit's partition ladder (N = 8, 1 Gbit,
-# 2 cores, a gloo call 24-35 ms of CPU) the calls of 1.15 MiB partitions took 0.7-1.0 of the cores and doubled
-# the step, those of 2 MiB 0.40-0.59 (1.02-1.12 s), of 3.5-7 MiB 0.17-0.35 (0.96-1.03 s), of the best, 5 MiB,
-# about 0.2: 0.2 with `--overlap backward`, where the hand-written ring's `backward` there read 1.09-1.15 s at
-# 2.9-4.4 MB partitions against 1.04-1.06 s at 9-10 MB. With `--overlap full` the partitions are cut at the
-# parameters' boundaries (buckets.aligned_ranges) and the best count there is about 13 (aligned_partition_ladder:
-# all-reduce and the ring 1.10-1.12x their bound at 13, 1.15x at 9; the ring 0.96-1.04 s at 17, 0.89-0.91 s at 13),
-# 13 calls of about 30 ms in 0.3 of 2 cores over the 0.654 s bound: 0.3 there (all-reduce's `full`, three
-# alternating pairs with the probe: 0.896-0.900 s at 0.3 against 0.911-0.984 s at 0.2; half the cores, tried
-# before the cut was aligned, let all-reduce's `full` cut 2 MB there: 1.15 s in one draw). The bytes' CPU is not in
-# the budget: it is the same whatever the partition, and a budget left after it swung the floor between 4 and 25
-# MB with the reading. The rest of a step's CPU (the emulated gradients, the optimizer, the kernel's links) is
-# per rank, so the share scales as 1/N: at N = 4 a floor at 0.2 cut the ring's partitions to 2.8 MB and its
-# `full` read 1.145x against 1.08x at the link's own 1.3 MB.
-CALLS_CORE_SHARE_N8 = 0.2
-CALLS_CORE_SHARE_N8_FULL = 0.3
+# The collective's: the fastest of three. At N = 8 on 2 cores the hand-written ring's 4 MB calls read 54-93 ms
+# across ranks and calls; the fastest of two lifted its intercept to 15-16 ms in two of six starts, of three in one.
+REDUCE_REPEATS = 3
+# A call of a few kB, its CPU the fewest of fifteen calls' (each rank's, summed over the ranks): what a partition
+# costs beyond its bytes. The median of seven read 24-49 ms for the same hand-written ring call at N = 8 on 2 cores
+# and spread the partitions over 10-17; the fewest of 21 read 17.8-19.8 ms (all-reduce 14.0-15.3 ms;
+# call_cpu_readings.csv).
+CALL_BYTES, CALL_REPEATS = 4 << 10, 15
+# The share of shared cores a step's partition calls may take (each at the probe's fewest CPU, the rest of a
+# call's CPU is the cores' contention, which the share absorbs) over the step's communication bound. Calibrated
+# at N = 8, 1 Gbit, 2 cores (results/overlap_n8_1gbit): with `--overlap backward` both strategies are fastest
+# at 5-10 MB partitions (2.9-4.4 MB: 5-10% slower), 0.1 cuts 5-6 MB; with `--overlap full`, partitions cut at
+# the parameters' boundaries (buckets.aligned_ranges), all-reduce is fastest at 13-18 partitions and the ring
+# at 13 (10: 3% slower, 17: 10%), and 0.17 draws about 15 and 12. The bytes' CPU is not in the budget: it
+# is the same whatever the partition. The rest of a step's CPU (the emulated gradients, the optimizer, the
+# kernel's links) is per rank, so the share scales as 1/N.
+CALLS_CORE_SHARE_N8 = 0.1
+CALLS_CORE_SHARE_N8_FULL = 0.17
 TUNINGS = ("auto", "probe", "off")
 MIN_PARTITION, MAX_PARTITION = 256 << 10, 25 << 20  # 25 MB: DDP's bucket_cap_mb, the untuned default
 MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped against a noisy intercept
@@ -118,8 +121,9 @@ class ProbeBucket:
         self.flat, self.nbytes = flat, flat.numel() * flat.element_size()
 
 
-def probe_collective(group, world: int, device: torch.device, reducer=None, sizes: tuple[int, int] = PROBE_BYTES,
-                     repeats: int = REPEATS) -> LinkProbe:
+def probe_collective(group, world: int, device: torch.device, reducer=None,
+                     sizes: tuple[int, int] = REDUCE_PROBE_BYTES,
+                     repeats: int = REDUCE_REPEATS) -> LinkProbe:
     """Time a reduction of each size on ``group`` (every rank calls it), the fastest of ``repeats``: the
     strategy's own (``reducer.launch(bucket).wait()``: its fixed cost is then that strategy's, e.g. the
     hand-written ring's 2(N-1) rounds driven from Python, far above gloo's all-reduce), else a plain
@@ -148,7 +152,7 @@ def probe_collective(group, world: int, device: torch.device, reducer=None, size
             used.append(time.process_time() - c0)
         return best, used
 
-    call_cpu = statistics.median(timed(CALL_BYTES, CALL_REPEATS)[1])
+    call_cpu = min(timed(CALL_BYTES, CALL_REPEATS)[1])
     t1, t2 = (timed(nbytes, repeats)[0] for nbytes in sizes)
     if reducer is not None:
         reducer.take_messages()
@@ -185,11 +189,11 @@ def cores_partition_bytes(m_bytes: int, world: int, probe: LinkProbe, cores: int
     T = 2(N-1)/N * M / rate (as ``ps.sharding.cores_chunks`` keeps the PS's chunks); ``MIN_PARTITION``
     without a CPU reading.
 
-    >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.030)  # gloo, N = 8, 1 Gbit, 2 cores
+    >>> probe = LinkProbe(119.6e6, 5e-4, call_cpu_s=0.015)  # gloo, N = 8, 1 Gbit, 2 cores
     >>> cores_partition_bytes(44_695_848, 8, probe, 2), cores_partition_bytes(44_695_848, 8, probe, 16)
     (5125714, 640714)
-    >>> cores_partition_bytes(44_695_848, 8, probe, 2, full=True)  # 13 partitions
-    3417142
+    >>> cores_partition_bytes(44_695_848, 8, probe, 2, full=True)  # 15 partitions
+    3015126
     """
     if not probe.call_cpu_s:
         return MIN_PARTITION
