@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,15 +14,11 @@ import torch
 from conftest import run_concurrently
 from test_equivalence import max_rel_diff
 
+from psring.launch.launcher import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "own_loop.py"
 SYNCS = {"ps": ("--servers", "1"), "allreduce": (), "ring": ()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(sync: str, out: Path, timeout: float = 240) -> subprocess.CompletedProcess:

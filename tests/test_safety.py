@@ -201,3 +201,19 @@ def test_a_full_disk_is_named_in_one_line_and_leaves_no_temporary(psring, tiny_d
     assert r.returncode == 1 and f"no space left on device writing {out / what}" in line, line
     assert not [f for f in tiny_disk.rglob("*") if ".tmp" in f.name]
     assert processes_mentioning(str(out)) == []
+
+
+def test_the_store_port_is_free_and_outside_the_ephemeral_range(tmp_path):
+    """``launcher.free_port``: below the range outgoing connections draw from, so concurrent runs' gloo connections
+    cannot take rank 0's port before it listens (the EADDRINUSE CI once hit with bind(0)); still free when returned."""
+    import socket
+
+    from psring.launch.launcher import ephemeral_low, free_port
+
+    low = ephemeral_low()
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
+    (tmp_path / "range").write_text("40000\t60999\n")
+    assert ephemeral_low(str(tmp_path / "range")) == 40000 and ephemeral_low(str(tmp_path / "none")) == 32768

@@ -4,7 +4,6 @@ index first, no rank spins waiting for another, at most ``credits`` reductions a
 reduction's failure reaches every waiting bucket."""
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from psring.launch.launcher import free_port
 from psring.sync.buckets import Bucket
 from psring.sync.handles import Handle
 from psring.sync.schedule import PLANS, PriorityScheduler
@@ -120,12 +120,6 @@ def test_later_steps_keep_a_planned_order_without_rounds():
     assert steps[-1] == steps[-2], steps  # planned for the last time from step PLANS - 1
     rounds = got[0][1]
     assert rounds[0] >= N_BUCKETS and len(set(rounds)) == 1, got  # the first step's rounds only
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_failed_reduction_fails_every_later_bucket():

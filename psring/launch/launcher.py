@@ -10,6 +10,7 @@ output folder (``outdir``) and the machine's memory (``resources``) are checked.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import sys
@@ -35,7 +36,27 @@ __all__ = ["LaunchError", "check_alive", "child_env", "free_port", "launch", "st
 SERVER_START_TIMEOUT_S = 60.0
 
 
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The lowest port the kernel hands out to outgoing connections (32768 where it cannot be read)."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port for torch.distributed's TCP store, free now and below the kernel's ephemeral range: bind(0) picks
+    one inside it, which any outgoing connection (gloo opens dozens a run) may take before rank 0 listens on it,
+    and concurrent runs on one host then fail with EADDRINUSE."""
+    low = ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(max(1024, low - 12000), max(1025, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
