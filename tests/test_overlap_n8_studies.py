@@ -68,3 +68,32 @@ def test_more_probe_repeats_steady_all_reduce_but_not_the_ring():
     assert parts.min()[("allreduce", "base")] < 5 and parts.min()[("ring", "more")] < 5
     assert inflated.groupby([d["strategy"], d["arm"]]).sum().to_dict() == {
         ("allreduce", "base"): 4, ("allreduce", "more"): 0, ("ring", "base"): 3, ("ring", "more"): 2}
+
+
+def test_the_steadier_probe():
+    """The probe as of e470b12 (4 and 12 MB, a call's CPU the fewest of 15, shares 0.1 and 0.17): probe_raw_fits.csv,
+    all-reduce's intercept within 1.5 ms of zero in all six starts and the ring's above 10 ms in one of six at three
+    repeats (two at two); probe_draws.csv, twelve probing starts drawing 10-17 partitions under `full`;
+    probe_fit_ab.csv, the new probe's step at or below the old one's in five of six pairs; ring_fixed_partitions.csv,
+    the ring's step at fixed partitions spread more between starts (0.855-1.003 s at 3.5 MiB) than between sizes, with
+    the same kept order in starts 0.04 s apart."""
+    raw = pd.read_csv(FOLDER / "probe_raw_fits.csv")
+    assert len(raw) == 24 and raw.groupby(["strategy", "repeats"]).size().eq(6).all()
+    ar = raw[raw.strategy == "allreduce"]
+    assert ar["intercept_ms"].abs().max() < 1.5 and ar["rate_Bps"].between(117e6, 121e6).all()
+    big = (raw["intercept_ms"] > 10).groupby([raw["strategy"], raw["repeats"]]).sum()
+    assert big[("ring", 3)] == 1 and big[("ring", 2)] == 2 and big["allreduce"].sum() == 0
+    draws = pd.read_csv(FOLDER / "probe_draws.csv")
+    parts = 44_695_848 / draws["partition_bytes"]
+    full = draws["overlap"] == "full"
+    assert len(draws) == 12 and parts[full].between(10, 17).all() and parts[~full].between(6, 10).all()
+    ab = pd.read_csv(FOLDER / "probe_fit_ab.csv").pivot_table(index=["strategy", "pair"], columns="arm",
+                                                              values="step_s_p50")
+    assert len(ab) == 6 and (ab["steady"] <= ab["before"]).sum() == 5 and (ab["steady"] / ab["before"]).max() < 1.02
+    fixed = pd.read_csv(FOLDER / "ring_fixed_partitions.csv")
+    lad = fixed[fixed.series == "ladder"].groupby("bucket_mb")["step_s_p50"]
+    assert (lad.max() - lad.min()).max() > (lad.median().max() - lad.median().min())
+    orders = fixed[fixed.series == "orders"]
+    last = orders["kept_orders"].str.split(" \\| ").str[-1]
+    same = orders[last == last.mode()[0]]["step_s_p50"]
+    assert len(orders) == 6 and len(same) >= 4 and same.max() - same.min() > 0.03

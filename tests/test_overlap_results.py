@@ -168,9 +168,10 @@ def test_overlap_chunks_claims():
 
 def test_overlap_n8_1gbit_claims():
     """results/overlap_n8_1gbit's README: the PS CPU-saturated; the reduce family's partitions at least the floor
-    from the shared cores: both backward points within 1.10x; both full points above it (with the 0.3 share under
-    full, and the order planned from the timed steps: all-reduce 1.10x on 15 partitions, the ring 1.17x on an 11-partition
-    draw); the studies beside them are read back in test_overlap_n8_studies.py."""
+    from the shared cores. Its rows (the steadier probe, e470b12): all-reduce's `backward` 1.04x and `full` 1.08x on 15
+    partitions, the ring's `backward` 1.10x and `full` 1.11x on 12; over four starts (steady_probe_starts.csv) the medians
+    1.05, 1.10, 1.09 and 1.14x, `full` 1.13x or more faster than `backward` in every start; the studies beside them are
+    read back in test_overlap_n8_studies.py."""
     df = table("overlap_n8_1gbit")
     assert (df["status"] == "ok").all() and len(df) == 6
     at_bound = df["cpu_at_bound"]
@@ -180,10 +181,20 @@ def test_overlap_n8_1gbit_claims():
     reduce = df[df["sync"] != "ps"]
     part = reduce["partition_bytes"]
     assert (part == reduce[["cores_partition_bytes", "link_partition_bytes"]].max(axis=1)).all() and (part > 2.5e6).all()
-    assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.10
-    assert 1.10 < ar.loc["full", "step_over_bound"] < 1.11 and 1.15 < ring.loc["full", "step_over_bound"] < 1.2
-    assert 15 <= 44_695_848 / ar.loc["full", "partition_bytes"] < 16 and 10 <= 44_695_848 / ring.loc["full", "partition_bytes"] < 11
-    assert 1.10 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.15
+    assert ring.loc["backward", "step_over_bound"] <= 1.102 and ar.loc["backward", "step_over_bound"] < 1.05
+    assert ar.loc["full", "step_over_bound"] < 1.09 and 1.10 < ring.loc["full", "step_over_bound"] < 1.12
+    m = 44_695_848
+    assert 14.5 <= m / ar.loc["full", "partition_bytes"] < 15.5 and 12 <= m / ring.loc["full", "partition_bytes"] < 12.5
+    assert 1.15 < ar.loc["backward", "step_s_p50"] / ar.loc["full", "step_s_p50"] < 1.2
+    starts = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "steady_probe_starts.csv")
+    assert len(starts) == 16 and starts.groupby(["sync", "overlap"]).size().eq(4).all()
+    med = starts.groupby(["sync", "overlap"])["step_over_bound"].median()
+    assert med[("allreduce", "backward")] < 1.05 and med[("ring", "backward")] < 1.10
+    assert 1.09 < med[("allreduce", "full")] < 1.11 and 1.14 < med[("ring", "full")] < 1.15
+    parts = (m / starts["partition_bytes"]).groupby([starts["sync"], starts["overlap"]])
+    assert parts.min()[("ring", "full")] > 10 and parts.max()[("allreduce", "full")] < 15
+    w = starts.pivot_table(index=["sync", "start"], columns="overlap", values="step_s_p50")
+    assert (w["backward"] / w["full"]).min() > 1.13
 
 
 def test_overlap_n8_1gbit_partition_ladder_claims():
@@ -239,9 +250,10 @@ def test_overlap_n8_1gbit_aligned_cut_claims():
 def test_overlap_rate_ladder_claims():
     """results/overlap_rate_ladder's README: the 1 Gbit points that miss 1.10x close on their bounds as the rate
     (and the CPU a second) falls (the PS's step by step; the reduce family's single draws of the partition below 1 Gbit
-    either way); at 250 Mbit within 1.10x with full beating backward by 1.13x or more; at 500 Mbit
+    either way); at 250 Mbit within 1.10x with full beating backward by 1.12x or more; at 500 Mbit
     the reduce family's full within 1.10x since the aligned cut, the PS's at 1.12x; the reduce
-    family's partitions floored by the shared cores (its rows rerun), every backward within 1.05x; at 1 Gbit the PS's
+    family's partitions floored by the shared cores (its rows rerun), every backward within 1.04x below 1 Gbit and 1.09x
+    at it; at 1 Gbit the PS's
     full needs the whole machine at its bound."""
     df = table("overlap_rate_ladder")
     assert (df["status"] == "ok").all() and len(df) == 18
@@ -252,11 +264,12 @@ def test_overlap_rate_ladder_claims():
         assert full.iloc[0] > (1.15 if sync == "ps" else 1.10), (sync, full)
         slow = at(df, sync=sync, link_rate="250mbit").set_index("overlap")
         assert (slow["step_over_bound"] <= 1.10).all()
-        assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.13
+        assert slow.loc["backward", "step_s_p50"] / slow.loc["full", "step_s_p50"] >= 1.12
     reduce = df[df["sync"] != "ps"]
     assert (reduce["partition_bytes"] >= reduce["cores_partition_bytes"]).all()
     assert (reduce["cores_partition_bytes"] > reduce["link_partition_bytes"]).sum() >= 10
-    assert (at(reduce, overlap="backward")["step_over_bound"] < 1.05).all()
+    back = at(reduce, overlap="backward")
+    assert (back[back.link_rate != "1gbit"]["step_over_bound"] < 1.04).all() and (back["step_over_bound"] < 1.09).all()
     mid = at(df, link_rate="500mbit", overlap="full").set_index("sync")
     assert mid.loc[["ring", "allreduce"], "step_over_bound"].between(1.03, 1.10).all() and (mid["cpu_at_bound"] < 0.8).all()
     ab = pd.read_csv(RESULTS / "overlap_rate_ladder" / "learned_order_500mbit.csv")
