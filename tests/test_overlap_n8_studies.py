@@ -97,3 +97,11 @@ def test_the_steadier_probe():
     last = orders["kept_orders"].str.split(" \\| ").str[-1]
     same = orders[last == last.mode()[0]]["step_s_p50"]
     assert len(orders) == 6 and len(same) >= 4 and same.max() - same.min() > 0.03
+
+
+def test_pinning_each_rank_is_within_the_spread():
+    """ring_pinned_ab.csv: rank r pinned to core r mod 2 against the scheduler's placement, four alternating pairs at
+    13 partitions: the per-pair ratios fall on both sides of 1 and within 5%."""
+    ab = pd.read_csv(FOLDER / "ring_pinned_ab.csv").pivot_table(index="pair", columns="arm", values="step_s_p50")
+    ratio = ab["pin"] / ab["free"]
+    assert len(ab) == 4 and (ratio < 1).any() and (ratio > 1).any() and ratio.between(0.94, 1.03).all()
