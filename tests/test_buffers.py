@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import types
 
 import pytest
@@ -17,16 +16,12 @@ import torch
 from conftest import Psring, run_concurrently
 from test_equivalence import max_rel_diff
 
+from psring.launch.launcher import free_port
+
 MODEL, B, STEPS = "resnet18_narrow", 8, 3
 RUNS = {"allreduce-local": ("allreduce", "local"), "allreduce-broadcast": ("allreduce", "broadcast"),
         "allreduce-average": ("allreduce", "average"), "ps-average": ("ps", "average"),
         "ddp-average": ("ddp", "average"), "ring-auto": ("ring", "auto")}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q, received) -> None:
@@ -60,7 +55,7 @@ def _rank(rank: int, world: int, port: int, mode: str, dist_first: bool, q, rece
 
 def _agree(mode: str, world: int, dist_first: bool) -> dict:
     ctx = mp.get_context("spawn")
-    q, received, port = ctx.Queue(), ctx.Event(), _free_port()
+    q, received, port = ctx.Queue(), ctx.Event(), free_port()
     procs = [ctx.Process(target=_rank, args=(r, world, port, mode, dist_first, q, received))
              for r in range(world)]
     for p in procs:
