@@ -66,7 +66,7 @@ def test_ring_matches_single_process_and_moves_ring_bytes(psring, tmp_path, refe
 SIZES = (2, 7, 1000, 4097)  # fewer elements than ranks (empty chunks), not a multiple of N, larger
 
 
-def _init(rank: int, world: int, store: str):
+def _init(rank: int, world: int, store: str, lanes: int = 1):
     import torch.distributed as dist
 
     from psring.sync.process_group import ProcessGroupInfo
@@ -76,7 +76,7 @@ def _init(rank: int, world: int, store: str):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=GLOO_TIMEOUT_S))
     ring = RingAllReduce(ProcessGroupInfo(rank, world, rank, torch.device("cpu"), "gloo", None))
-    ring.use_comm(CommThread(GLOO_TIMEOUT_S))
+    ring.use_comm(CommThread(GLOO_TIMEOUT_S), lanes)
     return dist, ring
 
 
@@ -86,20 +86,26 @@ def _bucket(i: int, numel: int, rank: int):
     return Bucket(i, 0, 0, numel, [], torch.arange(numel, dtype=torch.float32) * (rank + 1) + rank)
 
 
-def _reduce_worker(rank: int, world: int, store: str, out: str) -> None:
+def _reduce_worker(rank: int, world: int, store: str, out: str, lanes: int = 1) -> None:
     """Reduce the SIZES buckets (launched all at once, as --no-overlap does) and save what came out."""
-    dist, ring = _init(rank, world, store)
+    dist, ring = _init(rank, world, store, lanes)
     try:
         buckets = [_bucket(i, n, rank) for i, n in enumerate(SIZES)]
         for h in [ring.launch(b) for b in buckets]:
             h.wait()
         transfers = ring.take_transfers()
         torch.save({"flat": [b.flat for b in buckets], "wire": [ring.wire_bytes(b) for b in buckets],
-                    "transfers": [vars(t) for t in transfers], "left": ring.take_transfers()},
-                   os.path.join(out, f"rank{rank}.pt"))
+                    "transfers": [vars(t) for t in transfers], "left": ring.take_transfers(),
+                    "threads": len({id(t) for t in ring.lanes})}, os.path.join(out, f"rank{rank}.pt"))
     finally:
         ring.comm.close()
+        ring.use_comm(None)  # closes the other lanes' threads
         dist.destroy_process_group()
+
+
+def _reduce_worker_2_lanes(rank: int, world: int, store: str, out: str) -> None:
+    """``_reduce_worker`` with two buckets at once (``--overlap backward`` and ``full``)."""
+    _reduce_worker(rank, world, store, out, lanes=2)
 
 
 def _dead_peer_worker(rank: int, world: int, store: str, out: str) -> None:
@@ -140,17 +146,21 @@ def chunk_elems(numel: int, n: int, c: int) -> int:
     return len(torch.tensor_split(torch.empty(numel), n)[c])
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
-def test_transfers_of_one_reduction(tmp_path, n):
-    assert spawn(_reduce_worker, n, tmp_path) == [0] * n
+@pytest.mark.parametrize("n,lanes", [(2, 1), (3, 1), (4, 1), (3, 2), (4, 2)])
+def test_transfers_of_one_reduction(tmp_path, n, lanes):
+    """Every bucket summed with the schedule's transfers, also with two buckets at once: launch i on lane
+    i mod 2, each lane's buckets in launch order, their messages apart by tag."""
+    assert spawn(_reduce_worker if lanes == 1 else _reduce_worker_2_lanes, n, tmp_path) == [0] * n
     got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(n)]
     for r, g in enumerate(got):
         assert g["left"] == [], "take_transfers did not empty the list"
+        assert g["threads"] == lanes
         by_bucket = defaultdict(list)
         for t in g["transfers"]:
             by_bucket[t["bucket"]].append(t)
-        assert [t["bucket"] for t in g["transfers"]] == sorted(t["bucket"] for t in g["transfers"]), \
-            "buckets did not run in launch order"
+        for lane in range(lanes):
+            mine = [t["bucket"] for t in g["transfers"] if t["bucket"] % lanes == lane]
+            assert mine == sorted(mine), f"lane {lane}'s buckets did not run in launch order"
         for i, numel in enumerate(SIZES):
             expect = torch.arange(numel, dtype=torch.float32) * (n * (n + 1) // 2) + n * (n - 1) // 2
             assert torch.equal(g["flat"][i], expect), f"rank {r} bucket {i}: not the sum"

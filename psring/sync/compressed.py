@@ -54,8 +54,8 @@ class Wrapped(Reducer):
         self.inner, self.pg = inner, pg
         self.name, self.wait_phase, self.uses_thread = inner.name, inner.wait_phase, inner.uses_thread
 
-    def use_comm(self, thread: CommThread | None) -> None:
-        # ReduceSync gives the wrapper its one CommThread; an inner reducer that uses one shares it
+    def use_comm(self, thread: CommThread | None, lanes: int = 1) -> None:
+        # ReduceSync gives the wrapper its one CommThread; an inner reducer that uses one shares it, one lane
         super().use_comm(thread)
         if self.inner.uses_thread:
             self.inner.use_comm(thread)

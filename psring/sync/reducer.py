@@ -41,6 +41,7 @@ class Reducer(ABC):
     wait_phase = "reduce_wait_s"  # the steps.jsonl column of ``ReduceSync``'s wait for this reducer
 
     uses_thread = False  # True: ReduceSync gives this reducer a CommThread (``self.comm``)
+    overlap_lanes = 1  # reductions run at once under --overlap backward and full (``use_comm``'s ``lanes``)
 
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
@@ -48,8 +49,9 @@ class Reducer(ABC):
         self.resume: tuple[dict, int] | None = None  # set by ``ReduceSync`` before ``attach`` when resuming
         self.resume_rank: dict | None = None  # likewise: this rank's ``rank_state`` of the checkpoint
 
-    def use_comm(self, thread: CommThread | None) -> None:
-        """Run on ``thread`` (None: it was closed). A reducer that wraps another hands it on."""
+    def use_comm(self, thread: CommThread | None, lanes: int = 1) -> None:
+        """Run on ``thread`` (None: it was closed), with up to ``lanes`` reductions at once where the reducer
+        has lanes (``overlap_lanes``). A reducer that wraps another hands the thread on."""
         self.comm = thread
 
     def ranges(self, layout, cap_bytes: int, first_cap_bytes: int) -> list[BucketRange]:
@@ -121,7 +123,7 @@ class ReduceSync(Synchronizer):
         self.first_cap, self.link_tuning, self.tuned = int(first_bucket_mb * 2**20), link_tuning, {}
         self.shared_cores = shared_cores
         if reducer.uses_thread:
-            reducer.use_comm(CommThread(timeout_s))
+            reducer.use_comm(CommThread(timeout_s), reducer.overlap_lanes if overlap != "none" else 1)
 
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())

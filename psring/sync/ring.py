@@ -29,6 +29,13 @@ bucket N - 1 times, sends (N - 1) * M. The price is latency: 2(N - 1) dependent 
 
 The 2(N - 1) rounds depend on each other, so they run on the process's ``CommThread``, one bucket after
 the other in launch order, while backward goes on. Every round is recorded as a ``Transfer``.
+
+The rounds are lockstep: each waits for the slowest of its neighbours, then adds and posts the next, and
+meanwhile every link idles. Under ``--overlap backward`` and ``full`` two buckets are reduced at once
+(``OVERLAP_LANES``): launch i runs on lane i mod 2, a comm thread of its own whose point-to-point calls carry
+the lane as their tag, so one bucket's bytes move while the other's rounds wait, add or post (as gloo's
+all-reduce runs two at a time on its own two threads). Every rank launches the same buckets in the same
+order, so every rank puts each bucket on the same lane.
 """
 from __future__ import annotations
 
@@ -44,9 +51,13 @@ import torch.distributed as dist
 
 from .buckets import Bucket
 from .process_group import ProcessGroupInfo
-from .reducer import FutureHandle, Reducer
+from .reducer import CommThread, FutureHandle, Reducer
 
 REDUCE_SCATTER, ALL_GATHER = "reduce-scatter", "all-gather"
+# Buckets reduced at once under --overlap backward and full (the module docstring). Emulated 1 Gbit, N = 8,
+# ResNet-18, compute:comm = 1, against one lane in alternating pairs: step over bound 1.075 -> 1.034
+# (backward), 1.164 -> 1.116 (full); results/overlap_n8_1gbit/ring_lanes_ab.csv
+OVERLAP_LANES = 2
 
 
 @dataclass
@@ -110,6 +121,7 @@ class RingAllReduce(Reducer):
     name = "ring"
     wait_phase = "ring_wait_s"
     uses_thread = True
+    overlap_lanes = OVERLAP_LANES
 
     def __init__(self, pg: ProcessGroupInfo):
         super().__init__(pg.rank, pg.world, pg.device)
@@ -117,35 +129,46 @@ class RingAllReduce(Reducer):
         self.right, self.left = (pg.rank + 1) % pg.world, (pg.rank - 1) % pg.world
         self.transfers: list[Transfer] = []  # appended by the comm thread; handed out by take_transfers
         self.last_transfers: list[Transfer] = []  # the records take_messages last turned into messages
+        self.lanes: list[CommThread] = []  # lane 0 is ``self.comm``; the others' threads are the ring's own
+        self.launches = 0  # buckets launched so far: launch i runs on lane i mod len(lanes)
+
+    def use_comm(self, thread: CommThread | None, lanes: int = 1) -> None:
+        for t in self.lanes[1:]:
+            t.close()
+        super().use_comm(thread)
+        self.lanes = [] if thread is None else [thread] + [CommThread(thread.timeout_s) for _ in range(lanes - 1)]
 
     def launch(self, bucket: Bucket) -> FutureHandle:
-        return self.comm.submit(lambda: self._reduce(bucket))
+        lane = self.launches % len(self.lanes)
+        self.launches += 1
+        return self.lanes[lane].submit(lambda: self._reduce(bucket, lane))
 
-    def _reduce(self, bucket: Bucket) -> None:
-        """Runs on the comm thread: the 2(N - 1) rounds of ``schedule``, in place on ``bucket.flat``."""
+    def _reduce(self, bucket: Bucket, lane: int = 0) -> None:
+        """Runs on lane ``lane``'s comm thread: the 2(N - 1) rounds of ``schedule``, in place on
+        ``bucket.flat``, their messages tagged ``lane``."""
         chunks = torch.tensor_split(bucket.flat, self.world)
         recv_buf = torch.empty_like(chunks[0])  # chunk 0 is a largest one; allocated once per bucket
         with _on_device(self.device):
             for phase, step, out, into in schedule(self.rank, self.world):
                 if phase == REDUCE_SCATTER:
                     buf = recv_buf[:chunks[into].numel()]
-                    self._exchange(bucket, phase, step, out, chunks[out], buf)
+                    self._exchange(bucket, phase, step, out, chunks[out], buf, lane)
                     chunks[into].add_(buf)  # the left neighbour's partial sum plus ours
                 else:
-                    self._exchange(bucket, phase, step, out, chunks[out], chunks[into])  # a final sum, in place
+                    self._exchange(bucket, phase, step, out, chunks[out], chunks[into], lane)  # a final sum
 
     def _exchange(self, bucket: Bucket, phase: str, step: int, chunk: int, send: torch.Tensor,
-                  recv: torch.Tensor) -> None:
-        """Receive ``recv`` from the left neighbour while sending ``send`` to the right one; raise if
-        either fails or does not finish within the process group's timeout.
+                  recv: torch.Tensor, lane: int = 0) -> None:
+        """Receive ``recv`` from the left neighbour while sending ``send`` to the right one, both tagged
+        ``lane``; raise if either fails or does not finish within the process group's timeout.
 
         Both are posted before either is waited for: were every rank to wait for its send first, a
         send that blocks until it is received would deadlock the ring. ``batch_isend_irecv`` issues the pair as one NCCL group (neither blocks the
         other); gloo cannot coalesce, so there it simply posts the irecv, then the isend."""
         timeout = datetime.timedelta(seconds=self.comm.timeout_s)
         start = time.perf_counter()
-        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, self.left, self.pg.group),
-                                        dist.P2POp(dist.isend, send, self.right, self.pg.group)])
+        works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, recv, self.left, self.pg.group, lane),
+                                        dist.P2POp(dist.isend, send, self.right, self.pg.group, lane)])
         for work in works:
             # gloo raises on a timeout or a dead peer ("Connection closed by peer"); the comm thread
             # hands the error to FutureHandle.wait in the trainer
