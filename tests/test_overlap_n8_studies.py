@@ -105,3 +105,28 @@ def test_pinning_each_rank_is_within_the_spread():
     ab = pd.read_csv(FOLDER / "ring_pinned_ab.csv").pivot_table(index="pair", columns="arm", values="step_s_p50")
     ratio = ab["pin"] / ab["free"]
     assert len(ab) == 4 and (ratio < 1).any() and (ratio > 1).any() and ratio.between(0.94, 1.03).all()
+
+
+def test_two_lanes_on_the_ring():
+    """ring_lanes_ab.csv: two buckets at once against one, alternating pairs: `backward` 4-5% faster in both pairs
+    (to 1.03x its bound), `full` faster in two of three and 1.11-1.13x with two lanes."""
+    ab = pd.read_csv(FOLDER / "ring_lanes_ab.csv")
+    assert len(ab) == 10 and ab.groupby(["overlap", "lanes"]).size().to_dict() == {
+        ("backward", 1): 2, ("backward", 2): 2, ("full", 1): 3, ("full", 2): 3}
+    step = ab.pivot_table(index=["overlap", "pair"], columns="lanes", values="step_s_p50")
+    ratio = step[2] / step[1]
+    assert ratio.loc["backward"].between(0.94, 0.97).all()
+    assert (ratio.loc["full"] < 0.98).sum() == 2 and ratio.loc["full"].max() < 1.01
+    two = ab[ab["lanes"] == 2].set_index("overlap")["step_over_bound"]
+    assert two.loc["backward"].max() < 1.04 and two.loc["full"].between(1.11, 1.13).all()
+
+
+def test_cubic_is_a_little_faster_and_closes_nothing():
+    """congestion_ab.csv: cubic against bbr, alternating pairs: the medians 1-4% apart, and the `full` points still
+    at 1.10x (all-reduce, the ring) and 1.18x (the PS at N = 4) under cubic."""
+    ab = pd.read_csv(FOLDER / "congestion_ab.csv")
+    assert set(ab["link_cc"]) == {"bbr", "cubic"} and len(ab) == 30
+    med = ab.groupby(["sync", "overlap", "link_cc"])["step_over_bound"].median().unstack()
+    assert ((med["cubic"] / med["bbr"]).between(0.96, 1.0)).all()
+    assert (med.loc[(["allreduce", "ring"], "full"), "cubic"] >= 1.099).all()
+    assert med.loc[("ps", "full"), "cubic"] > 1.15

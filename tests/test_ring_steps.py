@@ -170,3 +170,13 @@ def test_timeline_ticks_when_buckets_ready(tmp_path):
     _, axes = new_figure(8, 3)
     draw_timeline(axes[0, 0], make_run(tmp_path, "plain", n=3))
     assert not [ln for ln in axes[0, 0].lines if ln.get_label() == LABELS["ready"]]
+
+
+def test_the_figure_counts_the_buckets_beside_one_on_the_other_lane():
+    """The committed traced runs: the ring's `full` run since two lanes (results/overlap) had other buckets' rounds
+    beside the one drawn; visible's ring, run when the ring had one comm thread, had none."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    two = pick_ring_step(results / "overlap" / "runs" / ("sync-ring_workers-4_servers-1_compute-emulated:5608_link_rate-"
+                                                        "100mbit_link_tuning-auto_overlap-full_steps-8_trace-True_warmup-3"))
+    one = pick_ring_step(results / "visible" / "runs" / "sync-ring_workers-4_servers-1_straggler-None")
+    assert two.beside >= 1 and one.beside == 0

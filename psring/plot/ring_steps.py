@@ -10,7 +10,8 @@ at the end every worker holds every chunk summed over all N. Nothing here re-der
 Each round's measured time is set beside the α-β model's ``alpha + (M/N)/B`` per round (a 2(N-1)-th of
 ``costmodel.ring_allreduce``), M the bucket's bytes. Measured: from the earliest start to the latest
 end of the round over the workers (wall clock, each worker's offsets from its own sync start), and the
-median of the workers' own durations of it.
+median of the workers' own durations of it. Where other buckets' rounds ran at the same time (the ring's
+two lanes under ``--overlap backward`` and ``full``) the links were shared, and the figure says how many.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class RingStep:
     bucket: int
     workers: int
     transfers: list[Transfer]
+    beside: int = 0  # other buckets whose rounds overlapped this one's on some worker (the ring's lanes)
 
     @property
     def bucket_bytes(self) -> int:
@@ -97,7 +99,12 @@ def pick_ring_step(run_dir: str | Path, step: int | None = None, bucket: int | N
         sizes = {b: RingStep(run_dir, step, b, n, [t for t in here if t.bucket == b]).bucket_bytes
                  for b in sorted({t.bucket for t in here})}
         bucket = max(sizes, key=lambda b: (sizes[b], -b))
-    return RingStep(run_dir, step, bucket, n, [t for t in here if t.bucket == bucket])
+    mine = [t for t in here if t.bucket == bucket]
+    span = {w: (min(t.start for t in mine if t.src == w), max(t.end for t in mine if t.src == w))
+            for w in {t.src for t in mine}}  # on each worker's own clock: one lane's buckets never overlap there
+    beside = len({t.bucket for t in here if t.bucket != bucket and t.src in span
+                  and t.start < span[t.src][1] and t.end > span[t.src][0]})
+    return RingStep(run_dir, step, bucket, n, mine, beside)
 
 
 def replay(rounds: list[tuple[str, int, list[Transfer]]], n: int) -> list[list[list[frozenset]]]:
@@ -160,14 +167,17 @@ def draw_round(ax, held: list[list[frozenset]], phase: str, k: int, transfers: l
     return im
 
 
-def draw_round_times(ax, table: pd.DataFrame, m_bytes: int, n: int) -> None:
+def draw_round_times(ax, table: pd.DataFrame, m_bytes: int, n: int, beside: int = 0) -> None:
+    """``beside``: other buckets whose rounds ran at the same time (the ring's lanes), sharing the links."""
     x = np.arange(len(table))
     ax.bar(x, table["span_s"] * 1e3, color="0.75", label="measured: earliest start to latest end over the workers")
     ax.plot(x, table["median_s"] * 1e3, "o", color="black", markerfacecolor="none", markersize=8, zorder=4,
             label="measured: median of the workers' durations")
     if table["model_s"].notna().any():
         ax.plot(x, table["model_s"] * 1e3, "D--", color="tab:red", markersize=4,
-                label=f"model: α + (M/N)/B per round, M = {m_bytes / 1e3:.1f} kB")
+                label=f"model: α + (M/N)/B per round, M = {m_bytes / 1e3:.1f} kB" +
+                (f", the bucket alone on the links ({beside} other bucket{'s' * (beside > 1)} beside it here)"
+                 if beside else ""))
     else:
         ax.plot([], [], " ", label="no model: no calibration.json and no emulated link")
     ax.set_xticks(x, [f"{'RS' if ph == REDUCE_SCATTER else 'AG'} {k}" for ph, k in zip(table["phase"], table["step"])],
@@ -207,7 +217,8 @@ def figure_ring_steps(run_dir: str | Path, link: Link | None = None, step: int |
     if grid_axes:
         fig.colorbar(im, ax=grid_axes, shrink=0.8, ticks=range(1, n + 1),
                      label="workers' gradients in the copy (Σ: all N)")
-    draw_round_times(fig.add_subplot(gs[2, :]), round_times(rs, _link_of(run_dir, link)), rs.bucket_bytes, n)
+    draw_round_times(fig.add_subplot(gs[2, :]), round_times(rs, _link_of(run_dir, link)), rs.bucket_bytes, n,
+                     rs.beside)
     fig.suptitle(f"Ring all-reduce, {run_title(run_dir, run_info(run_dir))}\nstep {rs.step}, bucket {rs.bucket} "
                  f"({rs.bucket_bytes / 1e3:.1f} kB), replayed from the recorded transfers: what each worker holds "
                  "after each round;\nframed and arrowed: the chunk each worker sent to its right neighbour",

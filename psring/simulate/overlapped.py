@@ -2,7 +2,9 @@
 inside a host is free; the PS's chunks: ``overlapped_ps``): the units ``ReduceSync`` cuts (``unit_ranges``: its
 own ``_ranges``), each ready on a worker once backward made its last parameter's gradient (``train.emulation``'s clock: forward 1/3, backward 2/3, readiness and per-layer
 forward in proportion to the parameters' elements), reduced on one ring one after another in an order every
-rank shares.
+rank shares. (The ring runs two at once, on two lanes, and gloo's all-reduce on its two threads: what that buys
+is the time a lockstep round waits on the CPU, which no link here spends; two at once would share the links and
+end together no earlier.)
 
 * ``backward``: units leave in the order they became ready (index order), each as soon as it is ready on a
   rank; the step ends once every unit is back, and the next forward starts then.
