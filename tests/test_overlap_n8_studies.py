@@ -130,3 +130,14 @@ def test_cubic_is_a_little_faster_and_closes_nothing():
     assert ((med["cubic"] / med["bbr"]).between(0.96, 1.0)).all()
     assert (med.loc[(["allreduce", "ring"], "full"), "cubic"] >= 1.099).all()
     assert med.loc[("ps", "full"), "cubic"] > 1.15
+
+
+def test_a_third_credit_and_lane_is_slower():
+    """credits_ab.csv: three credits (and three lanes for the ring) against two under `full`, alternating pairs: the
+    ring slower in every pair (1.15x its bound or more), all-reduce no faster in any."""
+    ab = pd.read_csv(FOLDER / "credits_ab.csv")
+    assert len(ab) == 12 and ab.groupby(["sync", "credits"]).size().eq(3).all()
+    step = ab.pivot_table(index=["sync", "pair"], columns="credits", values="step_s_p50")
+    ratio = step[3] / step[2]
+    assert (ratio.loc["ring"] > 1.02).all() and (ratio.loc["allreduce"] > 0.999).all()
+    assert (ab[(ab["sync"] == "ring") & (ab["credits"] == 3)]["step_over_bound"] > 1.15).all()
