@@ -199,3 +199,21 @@ def test_single_worker_is_a_no_op():
         assert torch.equal(b.flat, before) and ring.wire_bytes(b) == (0, 0) and ring.take_messages() == []
     finally:
         ring.comm.close()
+
+
+@pytest.mark.parametrize("backend,lanes", [("gloo", 2), ("nccl", 1)])
+def test_two_lanes_on_gloo_only(backend, lanes):
+    """NCCL pairs point-to-point calls by their order on the communicator, not by tag: there the ring keeps one
+    lane whatever ReduceSync offers (no process group is needed to see it)."""
+    from psring.sync.process_group import ProcessGroupInfo
+    from psring.sync.reducer import CommThread
+    from psring.sync.ring import OVERLAP_LANES, RingAllReduce
+
+    ring = RingAllReduce(ProcessGroupInfo(0, 2, 0, torch.device("cpu"), backend, None))
+    ring.use_comm(CommThread(5), OVERLAP_LANES)
+    try:
+        assert len({id(t) for t in ring.lanes}) == lanes and ring.lanes[0] is ring.comm
+    finally:
+        ring.comm.close()
+        ring.use_comm(None)
+    assert ring.lanes == []

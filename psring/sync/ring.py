@@ -35,7 +35,8 @@ meanwhile every link idles. Under ``--overlap backward`` and ``full`` two bucket
 (``OVERLAP_LANES``): launch i runs on lane i mod 2, a comm thread of its own whose point-to-point calls carry
 the lane as their tag, so one bucket's bytes move while the other's rounds wait, add or post (as gloo's
 all-reduce runs two at a time on its own two threads). Every rank launches the same buckets in the same
-order, so every rank puts each bucket on the same lane.
+order, so every rank puts each bucket on the same lane. On gloo only: NCCL pairs point-to-point calls by their
+order on the communicator, not by tag, so with NCCL the ring keeps one lane.
 """
 from __future__ import annotations
 
@@ -133,9 +134,12 @@ class RingAllReduce(Reducer):
         self.launches = 0  # buckets launched so far: launch i runs on lane i mod len(lanes)
 
     def use_comm(self, thread: CommThread | None, lanes: int = 1) -> None:
+        """``lanes`` on gloo only: NCCL matches point-to-point calls by their order on the communicator, not by
+        tag, so two threads issuing them would pair one lane's send with the other's receive."""
         for t in self.lanes[1:]:
             t.close()
         super().use_comm(thread)
+        lanes = lanes if self.pg.backend == "gloo" else 1
         self.lanes = [] if thread is None else [thread] + [CommThread(thread.timeout_s) for _ in range(lanes - 1)]
 
     def launch(self, bucket: Bucket) -> FutureHandle:
