@@ -123,7 +123,7 @@ class ReduceSync(Synchronizer):
         self.first_cap, self.link_tuning, self.tuned = int(first_bucket_mb * 2**20), link_tuning, {}
         self.shared_cores = shared_cores
         if reducer.uses_thread:
-            reducer.use_comm(CommThread(timeout_s), reducer.overlap_lanes if overlap != "none" else 1)
+            reducer.use_comm(CommThread(timeout_s), reducer.overlap_lanes if overlap in ("backward", "full") else 1)
 
     def attach(self, model: nn.Module) -> nn.Module:
         layout = flat_layout(model.named_parameters())
