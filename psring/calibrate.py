@@ -166,8 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    link, table = calibrate(a.address, sizes, a.repeats, a.warmup, a.frame_bytes, a.timeout,
-                            shlex.split(a.prefix) if a.prefix else None, fit=a.fit)
+    try:
+        link, table = calibrate(a.address, sizes, a.repeats, a.warmup, a.frame_bytes, a.timeout,
+                                shlex.split(a.prefix) if a.prefix else None, fit=a.fit)
+    except (ValueError, TimeoutError) as e:  # a fit that is not physical, or no echo: one line, nothing written
+        print(f"psring calibrate: error: {e}", file=sys.stderr)
+        return 2
     _, r2 = fit_link([r["size_bytes"] for r in table], [r["one_way_s"] for r in table], a.fit)
     meta = {"r2": r2, "fit": a.fit, "fitted_from": table, "frame_bytes": a.frame_bytes,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -211,3 +211,13 @@ def test_calibrate_times_out_without_a_server():
     with pytest.raises(TimeoutError):  # nothing listens there: the first receive gives up
         cal.calibrate(address=f"tcp://127.0.0.1:{free_port()}", sizes=[64, 128], repeats=1, warmup=0,
                       timeout_s=0.5)
+
+
+def test_main_refuses_a_fit_that_is_not_physical_in_one_line(tmp_path, monkeypatch, capsys):
+    def falling(*args, **kwargs):  # as a busy machine can measure: the larger message came back sooner
+        return cal.fit_link([64, 1 << 16], [1.6e-3, 1.2e-3])
+    monkeypatch.setattr(cal, "calibrate", falling)
+    assert cal.main(["--out", str(tmp_path), "--sizes", "64,64K"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not physical" in err[0] and "more repeats" in err[0]
+    assert not (tmp_path / "calibration.json").exists()
