@@ -26,7 +26,6 @@ class Done(Handle):
 
 class Recorder:
     """A reducer that only records the order it was asked to reduce in."""
-    concurrent = 1  # one reduction at a time
 
     def __init__(self, fail_at: int | None = None):
         self.order, self.fail_at = [], fail_at

@@ -10,8 +10,7 @@ from psring.bench.reduce_paced import aligned, partition_ready
 from psring.bounds import param_bytes
 from psring.simulate.timed_plan import TimedSteps, source
 from psring.sync.schedule import LEARN_STEPS, PLANS, timed_step
-from psring.sync.serving_order import (busy_seconds, forward_end, next_forward, planned_order, rank_figures,
-                                      serving_order, timed_order)
+from psring.sync.serving_order import busy_seconds, planned_order, rank_figures, serving_order, timed_order
 
 
 def resnet18_partitions(backward_s: float = 0.436, mib: float = 3.5):
@@ -67,36 +66,3 @@ def test_the_replays_plan_from_the_steps_the_scheduler_times():
     a = rank_figures([0.0, 0.1, 0.2], [(0.0, 0.1), (0.1, 0.2), (0.2, 0.3)])
     b = rank_figures([1.0, 1.3, 1.2], [(1.0, 1.2), (1.3, 1.5), (1.2, 1.7)])
     assert steps.plan(1) == planned_order(np.maximum(a, b).tolist(), [4, 4, 4])
-
-
-def test_the_model_of_a_plan_counts_credits_and_a_shared_link():
-    """``forward_end``: a third bucket waits for a credit; two moving at once take the link in halves; the
-    forward runs from the input (the highest index) down, each bucket's layers once it is back."""
-    ready, cost, fwd = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.1, 0.1, 0.1]
-    assert forward_end([2, 1, 0], ready, cost, fwd, parallel=1, credits=2) == pytest.approx((3.1, 3.0))
-    assert forward_end([2, 1, 0], ready, cost, fwd, parallel=2, credits=2) == pytest.approx((3.1, 3.0))
-    assert forward_end([0, 1, 2], ready, cost, fwd, parallel=1, credits=2) == pytest.approx((3.3, 3.0))
-    late = [0.0, 0.0, 5.0]  # the front bucket is ready last: the link idles for it, the forward waits
-    assert forward_end([1, 0, 2], late, cost, fwd) == pytest.approx((6.3, 6.0))
-    assert next_forward([0.0, 0.2, 0.2], [4, 4, 4]) == pytest.approx([0.05, 0.1, 0.0])
-
-
-def test_a_plan_priced_by_the_probe_beats_the_one_a_slow_timed_step_made():
-    """A traced run (ring, N = 8, 1 Gbit, ``full``, two lanes; 2026-12-06): its ten partitions ready as below in
-    every timed step, the probe's link 124.6 MB/s and 7.5 ms a call. The order it kept was planned from a step
-    whose reductions looked 1.3x slower than the probe's link (consensus rounds and a late rank); on the
-    probe's link it leaves the forward 87 ms later than the order planned from the probe's prices, which is
-    at least as good as serving the ready front bucket first."""
-    ready = [t / 1e3 for t in (0, 3, 95, 97, 190, 190, 236, 282, 317, 343)]
-    nbytes = [int(mb * 1e6) for mb in (4.5, 4.5, 4.8, 4.8, 4.5, 4.5, 4.5, 4.6, 3.4, 2.6)]
-    cost = [7.459e-3 + 1.75 * b / 124.6e6 for b in nbytes]
-    fwd = next_forward(ready, nbytes)
-    planned = planned_order(ready + [0.0], nbytes, parallel=2, credits=2, cost=cost)
-    assert sorted(planned) == list(range(10)) and planned[-1] == 2, planned  # a back partition goes last
-    kept_in_the_run = [1, 0, 3, 6, 9, 8, 5, 7, 4, 2]
-    end = forward_end(planned, ready, cost, fwd, 2, 2)[0]
-    assert forward_end(kept_in_the_run, ready, cost, fwd, 2, 2)[0] - end > 0.08
-    greedy = serving_order(ready, cost, 0.1 * sum(cost) / len(cost))
-    assert end <= forward_end(greedy, ready, cost, fwd, 2, 2)[0]
-    timed = planned_order(ready + [0.8], nbytes, parallel=2, credits=2)  # no probe: the step's busy prices it
-    assert sorted(timed) == list(range(10))

@@ -31,12 +31,6 @@ class TorchAllReduce(Reducer):
         super().__init__(pg.rank, pg.world, pg.device)
         self.pg = pg
 
-    @property
-    def concurrent(self) -> int:
-        """gloo runs collectives on a pool of two threads (``ProcessGroupGloo``'s default: two per device), so two
-        launched reductions move at once; NCCL runs them one after another on its stream."""
-        return 2 if self.pg.backend == "gloo" else 1
-
     def launch(self, bucket: Bucket) -> WorkHandle:
         # the sum; the optimizer divides by N (see make_local_optimizer), so nothing runs after the last bucket
         return WorkHandle(dist.all_reduce(bucket.flat, op=dist.ReduceOp.SUM, group=self.pg.group, async_op=True))

@@ -42,7 +42,6 @@ class Reducer(ABC):
 
     uses_thread = False  # True: ReduceSync gives this reducer a CommThread (``self.comm``)
     overlap_lanes = 1  # reductions run at once under --overlap backward and full (``use_comm``'s ``lanes``)
-    concurrent = 1  # launched reductions that move at once, sharing the link (the priority scheduler's plan)
 
     def __init__(self, rank: int, world: int, device: torch.device):
         self.rank, self.world, self.device = rank, world, device
@@ -122,7 +121,7 @@ class ReduceSync(Synchronizer):
         self.name = reducer.name
         self.cap = None if bucket_mb is None else int(bucket_mb * 2**20)
         self.first_cap, self.link_tuning, self.tuned = int(first_bucket_mb * 2**20), link_tuning, {}
-        self.shared_cores, self.probe = shared_cores, None  # probe: the link measured at start (``_tuned_cap``)
+        self.shared_cores = shared_cores
         if reducer.uses_thread:
             reducer.use_comm(CommThread(timeout_s), reducer.overlap_lanes if overlap in ("backward", "full") else 1)
 
@@ -161,7 +160,7 @@ class ReduceSync(Synchronizer):
         aligned = self.scheduled and plain  # ``_ranges`` cuts them at the parameters' boundaries
         floor = (cores_partition_bytes(m_bytes, self.world, probe, self.shared_cores, full=aligned)
                  if self.shared_cores else 0)
-        self.probe, self.tuned = probe, {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": max(cap, floor)}
+        self.tuned = {"link_tuning": "probe", **probe.as_dict(), "partition_bytes": max(cap, floor)}
         if floor:
             self.tuned.update(link_partition_bytes=cap, cores_partition_bytes=floor)
         return max(cap, floor)
@@ -193,7 +192,7 @@ class ReduceSync(Synchronizer):
             from .schedule import PriorityScheduler, consensus_group
 
             self.sched = PriorityScheduler(self.reducer, consensus_group(self.world, self.timeout_s), len(bs),
-                                           self.timeout_s, link=self.probe)
+                                           self.timeout_s)
 
     def _on_ready(self, b: Bucket) -> None:
         if during_backward(self.overlap):  # launched from backward's hooks, not after it

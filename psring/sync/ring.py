@@ -142,10 +142,6 @@ class RingAllReduce(Reducer):
         lanes = lanes if self.pg.backend == "gloo" else 1
         self.lanes = [] if thread is None else [thread] + [CommThread(thread.timeout_s) for _ in range(lanes - 1)]
 
-    @property
-    def concurrent(self) -> int:
-        return max(1, len(self.lanes))
-
     def launch(self, bucket: Bucket) -> FutureHandle:
         lane = self.launches % len(self.lanes)
         self.launches += 1

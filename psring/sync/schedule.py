@@ -23,11 +23,9 @@ A consensus round is a collective of its own: on ranks that share a few cores it
 every rank's CPU (traced at N = 8 on 2 cores, 1 Gbit), once per partition. So the ranks agree round by
 round for ``learn_steps`` steps only, timing the last of them: when each bucket became ready here and how
 long the link was busy. One all-reduce (MAX) of those timings gives every rank the same figures, from which
-each computes the same order (``serving_order.planned_order``: a serial link serving the ready bucket nearest
-the input first, improved against the next forward's end on a model of the link that the reductions in
-flight share, each bucket priced by the probe's link where there is one), and plans once more from the
-first step run in that order (``PLANS``: the rounds' CPU slows the reductions of the steps they run in).
-It launches each bucket in the order (``order``) as soon as
+each computes the same order (``serving_order.timed_order``: a serial link serving the ready bucket nearest
+the input first), and plans once more from the first step run in that order (``PLANS``: the rounds' CPU
+slows the reductions of the steps they run in). It launches each bucket in the order (``order``) as soon as
 it is ready here and a credit is free, with no round at all: TicTac's fixed order (Hashemi et al.,
 SysML'19), planned from the run's own timing instead of derived from the graph. The collectives still
 line up; where a later step's timing differs, a rank waits for the bucket next in the order instead of
@@ -51,7 +49,6 @@ import torch.distributed as dist
 from .buckets import Bucket
 from .handles import FutureHandle, Handle
 from .reducer import Reducer
-from .link_probe import LinkProbe, ring_wire
 from .serving_order import planned_order, rank_figures
 
 # Reductions in flight: one on the link, the next agreed on and queued behind it. Emulated 1 Gbit, N = 4,
@@ -78,12 +75,10 @@ def consensus_group(world: int, timeout_s: float):
 
 class PriorityScheduler:
     def __init__(self, reducer: Reducer, group, nbuckets: int, timeout_s: float, credits: int = CREDITS,
-                 learn_steps: int = LEARN_STEPS, link: LinkProbe | None = None):
-        """``learn_steps``: steps agreed on round by round before their order is kept (0: every step);
-        ``link``: the link measured at start (``link_probe``), which prices each bucket for the plan (None:
-        the timed step's busy seconds do)."""
+                 learn_steps: int = LEARN_STEPS):
+        """``learn_steps``: steps agreed on round by round before their order is kept (0: every step)."""
         self.reducer, self.group, self.n, self.timeout_s = reducer, group, nbuckets, timeout_s
-        self.learn_steps, self.link, self.credit_count = learn_steps, link, credits
+        self.learn_steps = learn_steps
         self.order: list[int] | None = None  # the launch order kept once learned
         self.world = dist.get_world_size(group)
         self.cond = threading.Condition()
@@ -193,10 +188,7 @@ class PriorityScheduler:
         except BaseException as e:  # noqa: BLE001 - every waiting bucket fails
             self._fail(e)
             return False
-        nbytes = [self.nbytes[i] for i in range(self.n)]
-        cost = None if self.link is None else [
-            self.link.fixed_s + ring_wire(b, self.world) / self.link.rate_Bps for b in nbytes]
-        self.order = planned_order(figures.tolist(), nbytes, self.reducer.concurrent, self.credit_count, cost)
+        self.order = planned_order(figures.tolist(), [self.nbytes[i] for i in range(self.n)])
         return True
 
     def _replay(self) -> None:
