@@ -217,3 +217,27 @@ def test_two_lanes_on_gloo_only(backend, lanes):
         ring.comm.close()
         ring.use_comm(None)
     assert ring.lanes == []
+
+
+def test_a_failure_on_one_lane_fails_the_other_lanes_next_bucket_at_once():
+    """The lanes share one failure state: once a reduction failed on one lane, a bucket queued on the other is
+    not started (its collectives would no longer line up with the ranks'), it fails at once with that error."""
+    from psring.sync.process_group import ProcessGroupInfo
+    from psring.sync.reducer import CommThread
+    from psring.sync.ring import OVERLAP_LANES, RingAllReduce
+
+    ring = RingAllReduce(ProcessGroupInfo(0, 2, 0, torch.device("cpu"), "gloo", None))
+    ring.use_comm(CommThread(5), OVERLAP_LANES)
+    first, second = ring.lanes
+    ran = []
+    try:
+        def broken():
+            raise RuntimeError("peer 1 went away")
+        with pytest.raises(RuntimeError, match="peer 1 went away"):
+            second.submit(broken).wait()
+        with pytest.raises(RuntimeError, match="earlier bucket's reduction failed: peer 1 went away"):
+            first.submit(lambda: ran.append("started")).wait()
+        assert ran == [] and first.failed is second.failed
+    finally:
+        ring.comm.close()
+        ring.use_comm(None)

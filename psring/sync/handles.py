@@ -40,17 +40,30 @@ class FutureHandle(Handle):
             raise self.error
 
 
+class Failure:
+    """The first error of one or more comm threads that must fail together (a ring's lanes)."""
+
+    def __init__(self):
+        self.error: BaseException | None = None
+
+
 class CommThread:
     """One background thread per process that runs submitted functions one at a time, in submission
     order (a daemon: a worker that dies is not kept alive by it). After a failure every later function
-    fails at once with the same error: the collectives of the ranks no longer line up."""
+    fails at once with the same error: the collectives of the ranks no longer line up. ``shares``: another
+    comm thread whose failures this one shares (a ring's second lane fails with its first, and the first
+    with it)."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, shares: CommThread | None = None):
         self.timeout_s = timeout_s
         self.jobs: queue.Queue = queue.Queue()
-        self.failed: BaseException | None = None
+        self.failure = Failure() if shares is None else shares.failure
         self.thread = threading.Thread(target=self._run, name="psring-comm", daemon=True)
         self.thread.start()
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self.failure.error
 
     def submit(self, fn: Callable[[], None]) -> FutureHandle:
         h = FutureHandle(self.timeout_s)
@@ -64,11 +77,11 @@ class CommThread:
                 return
             fn, h = job
             try:
-                if self.failed is not None:
-                    raise RuntimeError(f"an earlier bucket's reduction failed: {self.failed}")
+                if self.failure.error is not None:
+                    raise RuntimeError(f"an earlier bucket's reduction failed: {self.failure.error}")
                 fn()
             except BaseException as e:  # noqa: BLE001 - handed to the waiting trainer thread
-                self.failed = self.failed or e
+                self.failure.error = self.failure.error or e
                 h.error = e
             h.done.set()
 

@@ -140,7 +140,8 @@ class RingAllReduce(Reducer):
             t.close()
         super().use_comm(thread)
         lanes = lanes if self.pg.backend == "gloo" else 1
-        self.lanes = [] if thread is None else [thread] + [CommThread(thread.timeout_s) for _ in range(lanes - 1)]
+        self.lanes = [] if thread is None else [thread] + [CommThread(thread.timeout_s, shares=thread)
+                                                         for _ in range(lanes - 1)]
 
     def launch(self, bucket: Bucket) -> FutureHandle:
         lane = self.launches % len(self.lanes)
