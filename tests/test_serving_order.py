@@ -66,3 +66,19 @@ def test_the_replays_plan_from_the_steps_the_scheduler_times():
     a = rank_figures([0.0, 0.1, 0.2], [(0.0, 0.1), (0.1, 0.2), (0.2, 0.3)])
     b = rank_figures([1.0, 1.3, 1.2], [(1.0, 1.2), (1.3, 1.5), (1.2, 1.7)])
     assert steps.plan(1) == planned_order(np.maximum(a, b).tolist(), [4, 4, 4])
+
+
+def test_each_plan_prices_the_buckets_by_the_steadiest_step_timed_so_far():
+    """A step whose reductions looked slower (a late rank, the cores' turns) than an earlier one's does not price
+    the buckets: the plan takes the fewest busy seconds timed so far, in the scheduler and in the replays alike."""
+    ready = [0.0, 0.5, 1.0]
+    assert planned_order([*ready, 3.0], [4, 4, 4], busy_before=1.2) == planned_order([*ready, 1.2], [4, 4, 4])
+    assert planned_order([*ready, 1.0], [4, 4, 4], busy_before=1.2) == planned_order([*ready, 1.0], [4, 4, 4])
+    steps = TimedSteps([4, 4, 4], ranks=1)
+    for step, took in ((1, 0.4), (2, 2.0)):  # each reduction's seconds: busy 1.2 s, then 3.0 s
+        r, done, commit = steps.arrays(step)
+        r[:, 0], commit[:], done[:, 0] = ready, ready, [t + took for t in ready]
+    assert steps.plan(1) == [0, 1, 2] and steps.busy[1] == pytest.approx(1.2)
+    slow = rank_figures(ready, [(t, t + 2.0) for t in ready])
+    assert planned_order(slow, [4, 4, 4]) == [0, 2, 1]  # priced by its own 3.0 s, bucket 1 would wait
+    assert steps.plan(2) == [0, 1, 2] and steps.busy[2] == pytest.approx(3.0)

@@ -1,13 +1,15 @@
 """The priority scheduler's kept order in a replay, planned as ``sync.schedule`` plans it: from the timing
-of the last step agreed on round by round, then again from the first step run in that plan (``PLANS``),
-with ``sync.serving_order``'s own functions (each rank's figures, their MAX over the ranks, the serial
-link's order).
+of the last step agreed on round by round, then again from the first steps run in a plan (``PLANS``; each
+priced by the fewest busy seconds timed so far), with ``sync.serving_order``'s own functions (each rank's
+figures, their MAX over the ranks, the serial link's order).
 
 A rank launches a unit at its commit (the decision every rank shares) or once the unit is ready there,
 whichever is later, and has it back when its ring ends there: those are the spans whose union is the rank's
 busy link.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -30,6 +32,7 @@ class TimedSteps:
         self.done: dict[int, np.ndarray] = {}
         self.commit: dict[int, np.ndarray] = {}
         self.plans: dict[int, list[int]] = {}
+        self.busy: dict[int, float] = {}  # each planned step's busy seconds (``planned_order``'s busy_before)
 
     def arrays(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ready, done, commit) of ``step``, made (NaN: not yet) at first use."""
@@ -49,5 +52,7 @@ class TimedSteps:
             launch = np.maximum(commit[:, None], ready)
             figures = np.max([rank_figures(ready[:, r].tolist(), list(zip(launch[:, r], done[:, r])))
                               for r in range(self.ranks)], axis=0)
-            self.plans[step] = planned_order(figures.tolist(), self.numels)
+            before = min((self.busy[s] for s in self.busy if s < step), default=math.inf)
+            self.plans[step] = planned_order(figures.tolist(), self.numels, before)
+            self.busy[step] = float(figures[-1])
         return self.plans[step]
