@@ -21,6 +21,10 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 KNOWN = {("models", "hierarchical", "resnet18", "none"), ("models", "hierarchical", "resnet50", "none"),
          ("overlap", "ring", "resnet18", "none"), ("compression_sync", "ring", "resnet18", "none"),
          ("compression_sync", "ring", "resnet18", "fp16")}
+# overlapped runs whose step the replay misses by more than 10%: results/overlap's N = 4, 1 Gbit `full` points rerun
+# 2026-12-06 on a draw of the machine whose per-layer updates (37-38 ms a step, none of it replayed) took twice as
+# long as the draw before's, where they read 0.93-0.94 (results/simulate/README.md)
+KNOWN_STEP = {("overlap", "ring", 4, "1gbit", "full"), ("overlap", "allreduce", 4, "1gbit", "full")}
 
 
 def test_a_downlink_is_shared_fairly_and_an_uplink_sends_in_order():
@@ -98,7 +102,12 @@ def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
     assert len(done) >= 110, len(done)
     # overlapped runs are held on their step: their sync is only what the overlap left unhidden (0.1-3 s)
     hidden = done["overlap"] != "none"
-    assert hidden.sum() >= 45 and (done[hidden]["step_ratio"] - 1).abs().max() <= 0.10
+    over = done[hidden & ((done["step_ratio"] - 1).abs() > 0.10)]
+    assert hidden.sum() >= 45 and (done[hidden]["step_ratio"] - 1).abs().max() <= 0.12
+    assert {(r.folder, r.sync, r.workers, r.link_rate, r.overlap) for r in over.itertuples()} <= KNOWN_STEP, over
+    runs = pd.read_csv(RESULTS / "overlap" / "runs.csv").set_index("run_id")
+    update = runs.loc[over["run_id"], "update_s_p50"].to_numpy()
+    assert ((over["sim_step_s"] + update) / over["step_s"]).between(0.93, 1.0).all()  # the updates are the miss
     done = done[~hidden]
     out = done[(done["sync_ratio"] - 1).abs() > 0.10]
     assert {(r.folder, r.sync, r.model, r.compress) for r in out.itertuples()} <= KNOWN, \

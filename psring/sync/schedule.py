@@ -26,9 +26,10 @@ long the link was busy. One all-reduce (MAX) of those timings gives every rank t
 each computes the same order (``serving_order.timed_order``: a serial link serving the ready bucket nearest
 the input first), and plans again from the first two steps run in a plan (``PLANS``: the rounds' CPU
 slows the reductions of the steps they run in), each time pricing the buckets by the fewest busy seconds timed
-so far (a late rank or the cores' turns only ever make a step's reductions look slower). It launches each bucket in the order (``order``) as soon as
-it is ready here and a credit is free, with no round at all: TicTac's fixed order (Hashemi et al.,
-SysML'19), planned from the run's own timing instead of derived from the graph. The collectives still
+so far (a late rank or the cores' turns only ever make a step's reductions look slower). It launches each
+bucket in the order (``order``) as soon as it is ready here and a credit is free, with no round at all:
+TicTac's fixed order (Hashemi et al., SysML'19), planned from the run's own timing instead of derived from
+the graph. The collectives still
 line up; where a later step's timing differs, a rank waits for the bucket next in the order instead of
 launching another. (The rounds' own order is not kept: a round decides at the instant a credit frees, and
 so sends a bucket the next forward needs last ahead of one a few milliseconds from ready that it needs
@@ -192,7 +193,8 @@ class PriorityScheduler:
         except BaseException as e:  # noqa: BLE001 - every waiting bucket fails
             self._fail(e)
             return False
-        self.order = planned_order(figures.tolist(), [self.nbytes[i] for i in range(self.n)], self.busy_before)
+        nbytes = [self.nbytes[i] for i in range(self.n)]
+        self.order = planned_order(figures.tolist(), nbytes, self.busy_before)
         self.busy_before = min(self.busy_before, float(figures[-1]))
         return True
 
