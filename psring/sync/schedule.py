@@ -29,9 +29,8 @@ slows the reductions of the steps they run in), each time pricing the buckets by
 so far (a late rank or the cores' turns only ever make a step's reductions look slower). It launches each
 bucket in the order (``order``) as soon as it is ready here and a credit is free, with no round at all:
 TicTac's fixed order (Hashemi et al., SysML'19), planned from the run's own timing instead of derived from
-the graph. The collectives still
-line up; where a later step's timing differs, a rank waits for the bucket next in the order instead of
-launching another. (The rounds' own order is not kept: a round decides at the instant a credit frees, and
+the graph. The collectives still line up; where a later step's timing differs, a rank waits for the bucket
+next in the order instead of launching another. (The rounds' own order is not kept: a round decides at the instant a credit frees, and
 so sends a bucket the next forward needs last ahead of one a few milliseconds from ready that it needs
 first.)
 

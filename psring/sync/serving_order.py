@@ -77,7 +77,8 @@ def planned_order(figures: list[float], nbytes: list[int], busy_before: float = 
     ``busy_before``: the fewest busy seconds of the steps timed before this one. A step's reductions only
     ever look slower than the link (a rank late to the ring, the shared cores' turns, its consensus rounds),
     never faster, so the plan prices the buckets by the least of them: at N = 8, 1 Gbit the first step run
-    in a plan read 1.3x the steady steps' (``results/overlap_n8_1gbit``, "The steadiest timed step").
+    in a plan read 1.3x the steady steps' (``results/overlap_n8_1gbit``, "Each plan priced by the steadiest
+    step timed so far").
 
     >>> planned_order([0.0, 0.5, 1.0, 3.0], [4, 4, 4]) != planned_order([0.0, 0.5, 1.0, 3.0], [4, 4, 4], 1.2)
     True
