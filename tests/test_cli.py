@@ -25,6 +25,18 @@ def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_parsing_the_command_line_imports_neither_torch_nor_pandas():
+    """Every sub-command's parser is built for any command (``psring --help``, a flag's typo): that must not pay
+    for torch's or pandas' import (about 2 s of CPU on this machine, once per process the suite starts)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from psring.cli import build_parser; build_parser().parse_args(['train', '--sync', 'ps']); "
+            "print(sorted(m for m in ('torch', 'pandas', 'matplotlib') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
+
+
 def test_more_servers_than_parameters_fails_naming_the_problem(psring, tmp_path):
     r = psring.run("train", "--sync", "ps", "--servers", "600000", "--steps", "2", "--out", str(tmp_path / "r"))
     assert r.returncode == 2  # refused before anything starts (the cnn has 545,098 parameter elements)

@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 from ..config import ConfigError
-from .run import NO_JITTER
+from .profile import NO_JITTER  # (not .run: building the parser must not import torch)
 
 
 def calibration_of(run: Path) -> Path | None:

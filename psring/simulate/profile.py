@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 READINESS = ("bytes", "flops")
+NO_JITTER = "none"  # ``--jitter``'s default: every worker's compute the same each step (``run.parse_jitter``)
 
 
 def check_readiness(readiness: str) -> str:

@@ -28,11 +28,11 @@ from ..config import ConfigError, TrainConfig
 from ..fileio import write_atomic
 from ..metrics.summary import finalize_run
 from .network import Network
+from .profile import NO_JITTER
 from .plans import bucket_numels, layout_of, link_Bps, ps_plan
 from .programs import PSProgram, RingProgram
 from .records import record, vector_records
 
-NO_JITTER = "none"
 DEFAULT_ALPHA_US = 205.0  # one emulated 1 Gbit link's alpha, as results/bandwidth/calibration.json measured it
 
 
