@@ -53,16 +53,24 @@ def dataset_name(v: str) -> str | None:
 
 def check_model(cfg) -> None:
     """The model builds for the run's classes and input size (a factory imports and returns a module), on
-    the meta device: shapes only, no memory; and the classifier covers the data set's classes."""
-    import torch
-
+    the meta device: shapes only, no memory; and the classifier covers the data set's classes. A built-in
+    model builds at any input side ``config_choices.side_problem`` lets through, so it is not built here:
+    the launcher of a run on one does not import torch (``tests/test_models.py`` holds the two equal)."""
+    from .config_choices import MODELS, side_problem
     from .train.datasets import dataset_classes
-    from .train.models import model_of
 
     data = dataset_classes(cfg.dataset) if cfg.num_classes is not None else 0
     if cfg.num_classes is not None and cfg.num_classes < data:
         raise ConfigError(f"--num-classes {cfg.num_classes} is below the data set's {data} classes: "
                           f"its labels would fall outside the classifier")
+    if cfg.model in MODELS:
+        if why := side_problem(cfg.model, cfg.input_size):
+            raise ConfigError(f"--image-size {cfg.input_size} does not fit --model {cfg.model}: it takes {why}")
+        return
+    import torch
+
+    from .train.models import model_of
+
     try:
         with torch.device("meta"):
             model_of(cfg, seed=0)

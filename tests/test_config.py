@@ -174,7 +174,8 @@ def test_the_default_bucket_is_the_strategys(sync):
 
 
 def test_validating_a_config_allocates_no_model(monkeypatch):
-    """The model is built to check it (every strategy) and the PS's shard plan (ps), shapes only."""
+    """The PS's shard plan builds the model, shapes only; a built-in model is otherwise not built to check it
+    (``config_choices.side_problem``: tests/test_models.py), a factory is, shapes only too."""
     import torch
 
     from psring.train import models
@@ -189,7 +190,9 @@ def test_validating_a_config_allocates_no_model(monkeypatch):
 
     monkeypatch.setattr(models, "build_model", build)
     TrainConfig(sync="ps", workers=8, servers=8, model="resnet18").validate()
-    assert built == [{"meta"}, {"meta"}]
+    assert built == [{"meta"}]
     built.clear()
     TrainConfig(sync=strategies.where(servers=False)[0]).validate()
+    assert built == []
+    TrainConfig(sync=strategies.where(servers=False)[0], model="tests.real_code_models:tied_frozen").validate()
     assert built == [{"meta"}]

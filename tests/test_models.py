@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from psring.config import CIFAR_SIZE, IMAGENET_MODELS, IMAGENET_SIZE, MODELS, ConfigError, TrainConfig
+from psring.config_choices import MODEL_SIDES
 from psring.train import models
 from psring.train.models import build_model, default_image_size
 
@@ -66,6 +67,28 @@ def test_any_input_size_the_architecture_takes(name, size):
     assert out.shape == (2, 7)
     out.sum().backward()
     assert all(p.grad is not None for p in m.parameters())
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_side_the_config_lets_through_builds_and_the_check_needs_no_torch(name):
+    """config_checks.check_model passes a built-in model on ``side_problem`` alone, without building it: every
+    side it lets through must build (the smallest few, on the meta device), one step below the least must not
+    validate, and validating a built-in model's run must not import torch (the launcher's ~2 s a run)."""
+    import subprocess
+
+    k, least = MODEL_SIDES[name]
+    for side in (least, least + k, 2 * least + k):
+        TrainConfig(model=name, image_size=side).validate()
+        with torch.device("meta"):
+            build_model(name, 0, 10, side)
+    for side in {least - 1, least + k - 1} - {least, least + k}:
+        if side >= 4:  # --image-size's own least
+            with pytest.raises(ConfigError):
+                TrainConfig(model=name, image_size=side).validate()
+    code = (f"import sys; from psring.config import TrainConfig; TrainConfig(model={name!r}).validate(); "
+            "print('torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "False", (r.stdout, r.stderr[-2000:])
 
 
 def test_vit_position_embeddings_follow_the_input_size():

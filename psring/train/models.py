@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..config_choices import side_problem
 
 NUM_CLASSES = 10
 
@@ -84,10 +87,6 @@ class ModelEntry:
     sizes: Callable[[int], str | None]  # why an input side does not fit (None: it does)
 
 
-def _multiple(k: int, least: int) -> Callable[[int], str | None]:
-    return lambda s: None if s >= least and s % k == 0 else f"a multiple of {k}, at least {least}"
-
-
 def _vit(num_classes: int, image_size: int) -> nn.Module:
     from .vit import ViT
 
@@ -101,11 +100,12 @@ def _resnet50(num_classes: int, image_size: int) -> nn.Module:
 
 
 MODELS: dict[str, ModelEntry] = {
-    "cnn": ModelEntry(lambda c, s: SmallCNN(c, s), CIFAR_SIZE, _multiple(4, 4)),
-    "resnet18": ModelEntry(lambda c, s: ResNet18(c), CIFAR_SIZE, _multiple(1, 8)),
-    "resnet18_narrow": ModelEntry(lambda c, s: ResNet18(c, width=32), CIFAR_SIZE, _multiple(1, 8)),
-    "resnet50": ModelEntry(_resnet50, IMAGENET_SIZE, _multiple(1, 32)),
-    "vit_b_16": ModelEntry(_vit, IMAGENET_SIZE, _multiple(16, 16)),
+    "cnn": ModelEntry(lambda c, s: SmallCNN(c, s), CIFAR_SIZE, partial(side_problem, "cnn")),
+    "resnet18": ModelEntry(lambda c, s: ResNet18(c), CIFAR_SIZE, partial(side_problem, "resnet18")),
+    "resnet18_narrow": ModelEntry(lambda c, s: ResNet18(c, width=32), CIFAR_SIZE,
+                                  partial(side_problem, "resnet18_narrow")),
+    "resnet50": ModelEntry(_resnet50, IMAGENET_SIZE, partial(side_problem, "resnet50")),
+    "vit_b_16": ModelEntry(_vit, IMAGENET_SIZE, partial(side_problem, "vit_b_16")),
 }
 
 
