@@ -64,8 +64,8 @@ def check_model(cfg) -> None:
         raise ConfigError(f"--num-classes {cfg.num_classes} is below the data set's {data} classes: "
                           f"its labels would fall outside the classifier")
     if cfg.model in MODELS:
-        if why := side_problem(cfg.model, cfg.input_size):
-            raise ConfigError(f"--image-size {cfg.input_size} does not fit --model {cfg.model}: it takes {why}")
+        if refusal := side_problem(cfg.model, cfg.input_size):
+            raise ConfigError(refusal)
         return
     import torch
 

@@ -22,20 +22,22 @@ DEFAULT_STEPS = 50  # without --steps or --epochs
 NUM_CLASSES = 10  # every bundled data set's (train.datasets.NUM_CLASSES)
 CIFAR_SIZE, IMAGENET_SIZE = 32, 224  # train.models' default input sides
 IMAGENET_MODELS = ("resnet50", "vit_b_16")
-# Each built-in model's input side: (a multiple of, at least). train.models.MODELS checks sizes with ``side_problem``;
-# config_checks.check_model reads it without building the model, so the launcher of a run on a built-in model
-# does not import torch (about 2 s of CPU a run)
+# Each built-in model's input side: (a multiple of, at least). train.models.build_model and
+# config_checks.check_model both refuse a side with ``side_problem``; the check reads it without building the
+# model, so the launcher of a run on a built-in model does not import torch (about 2 s of CPU a run)
 MODEL_SIDES = {"cnn": (4, 4), "resnet18": (1, 8), "resnet18_narrow": (1, 8), "resnet50": (1, 32), "vit_b_16": (16, 16)}
 
 
 def side_problem(model: str, side: int) -> str | None:
-    """Why an input of ``side`` pixels does not fit the built-in ``model`` (None: it does).
+    """The one-line refusal of an input of ``side`` pixels for the built-in ``model`` (None: it fits).
 
     >>> side_problem("vit_b_16", 224), side_problem("vit_b_16", 30)
-    (None, 'a multiple of 16, at least 16')
+    (None, '--image-size 30 does not fit --model vit_b_16: it takes a multiple of 16, at least 16')
     """
     k, least = MODEL_SIDES[model]
-    return None if side >= least and side % k == 0 else f"a multiple of {k}, at least {least}"
+    if side >= least and side % k == 0:
+        return None
+    return f"--image-size {side} does not fit --model {model}: it takes a multiple of {k}, at least {least}"
 
 # Every option's section, in the order `psring train --help` shows them. A strategy's ``options`` names
 # the sections only it reads (``ps``); an option of such a section is refused off its default elsewhere.

@@ -28,8 +28,8 @@ from ..config import ConfigError, TrainConfig
 from ..fileio import write_atomic
 from ..metrics.summary import finalize_run
 from .network import Network
-from .profile import NO_JITTER
 from .plans import bucket_numels, layout_of, link_Bps, ps_plan
+from .profile import NO_JITTER
 from .programs import PSProgram, RingProgram
 from .records import record, vector_records
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +83,6 @@ CIFAR_SIZE, IMAGENET_SIZE = 32, 224
 class ModelEntry:
     build: Callable[[int, int], nn.Module]  # (num_classes, image_size) -> the model
     image_size: int  # the default input side
-    sizes: Callable[[int], str | None]  # why an input side does not fit (None: it does)
 
 
 def _vit(num_classes: int, image_size: int) -> nn.Module:
@@ -100,12 +98,11 @@ def _resnet50(num_classes: int, image_size: int) -> nn.Module:
 
 
 MODELS: dict[str, ModelEntry] = {
-    "cnn": ModelEntry(lambda c, s: SmallCNN(c, s), CIFAR_SIZE, partial(side_problem, "cnn")),
-    "resnet18": ModelEntry(lambda c, s: ResNet18(c), CIFAR_SIZE, partial(side_problem, "resnet18")),
-    "resnet18_narrow": ModelEntry(lambda c, s: ResNet18(c, width=32), CIFAR_SIZE,
-                                  partial(side_problem, "resnet18_narrow")),
-    "resnet50": ModelEntry(_resnet50, IMAGENET_SIZE, partial(side_problem, "resnet50")),
-    "vit_b_16": ModelEntry(_vit, IMAGENET_SIZE, partial(side_problem, "vit_b_16")),
+    "cnn": ModelEntry(lambda c, s: SmallCNN(c, s), CIFAR_SIZE),
+    "resnet18": ModelEntry(lambda c, s: ResNet18(c), CIFAR_SIZE),
+    "resnet18_narrow": ModelEntry(lambda c, s: ResNet18(c, width=32), CIFAR_SIZE),
+    "resnet50": ModelEntry(_resnet50, IMAGENET_SIZE),
+    "vit_b_16": ModelEntry(_vit, IMAGENET_SIZE),
 }
 
 
@@ -125,9 +122,8 @@ def build_model(name: str, seed: int, num_classes: int = NUM_CLASSES, image_size
     if not is_factory(name):
         if name not in MODELS:
             raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}, or PACKAGE.MODULE:FACTORY")
-        why = MODELS[name].sizes(size)
-        if why:
-            raise ValueError(f"--image-size {size} does not fit --model {name}: it takes {why}")
+        if refusal := side_problem(name, size):  # (config_choices.MODEL_SIDES: which sides each model takes)
+            raise ValueError(refusal)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if is_factory(name):
