@@ -21,10 +21,6 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 KNOWN = {("models", "hierarchical", "resnet18", "none"), ("models", "hierarchical", "resnet50", "none"),
          ("overlap", "ring", "resnet18", "none"), ("compression_sync", "ring", "resnet18", "none"),
          ("compression_sync", "ring", "resnet18", "fp16")}
-# overlapped runs whose step the replay misses by more than 10%: results/overlap's N = 4, 1 Gbit `full` points rerun
-# 2026-12-06 on a draw of the machine whose per-layer updates (37-38 ms a step, none of it replayed) took twice as
-# long as the draw before's, where they read 0.93-0.94 (results/simulate/README.md)
-KNOWN_STEP = {("overlap", "ring", 4, "1gbit", "full"), ("overlap", "allreduce", 4, "1gbit", "full")}
 
 
 def test_a_downlink_is_shared_fairly_and_an_uplink_sends_in_order():
@@ -102,18 +98,47 @@ def test_every_link_bound_replayed_run_within_10_percent_but_the_known_ones():
     assert len(done) >= 110, len(done)
     # overlapped runs are held on their step: their sync is only what the overlap left unhidden (0.1-3 s)
     hidden = done["overlap"] != "none"
-    over = done[hidden & ((done["step_ratio"] - 1).abs() > 0.10)]
-    assert hidden.sum() >= 45 and (done[hidden]["step_ratio"] - 1).abs().max() <= 0.12
-    assert {(r.folder, r.sync, r.workers, r.link_rate, r.overlap) for r in over.itertuples()} <= KNOWN_STEP, over
-    runs = pd.read_csv(RESULTS / "overlap" / "runs.csv").set_index("run_id")
-    update = runs.loc[over["run_id"], "update_s_p50"].to_numpy()
-    assert ((over["sim_step_s"] + update) / over["step_s"]).between(0.93, 1.0).all()  # the updates are the miss
+    assert hidden.sum() >= 45 and (done[hidden]["step_ratio"] - 1).abs().max() <= 0.10, \
+        done[hidden].sort_values("step_ratio")[["folder", "run_id", "step_ratio"]].head()
     done = done[~hidden]
     out = done[(done["sync_ratio"] - 1).abs() > 0.10]
     assert {(r.folder, r.sync, r.model, r.compress) for r in out.itertuples()} <= KNOWN, \
         out[["folder", "run_id", "sync_ratio"]]
     for run in v.itertuples():  # every run folder it reads is in the table, and the others say why not
         assert run.replayed == "yes" or run.replayed.startswith("no: ")
+
+
+def test_the_replay_runs_each_reduce_runs_measured_update_and_no_ps_update():
+    """validation.csv: every replayed run of a local optimizer (the reduce family, `none`) ran the update it
+    measured (`update_s_p50` of its runs.csv), before each forward; the PS's workers have none (0)."""
+    v = pd.read_csv(RESULTS / "simulate" / "validation.csv")
+    v = v[v["replayed"] == "yes"]
+    ps = v["sync"] == "ps"
+    assert (v[ps]["update_s"] == 0).all()
+    for folder, rows in v[~ps].groupby("folder"):
+        runs = pd.read_csv(RESULTS / folder / "runs.csv").set_index("run_id")
+        assert rows["update_s"].to_numpy() == pytest.approx(runs.loc[rows["run_id"], "update_s_p50"].to_numpy()), folder
+    assert (v[~ps]["update_s"] > 0.005).mean() > 0.9
+
+
+def test_an_update_delays_the_step_by_itself_without_overlap_and_at_most_that_with_it(tmp_path):
+    """--update-ms: without overlap the step grows by the update and the sync stays; with `full` the update runs
+    in the gates, each parameter's share after its units are back, so a step grows by at most the update."""
+    base = simulate(_cfg(sync="ring", link_burst="0kb"), tmp_path / "a")
+    slow = simulate(_cfg(sync="ring", link_burst="0kb"), tmp_path / "b", update_s=0.05)
+    assert slow["step_s_p50"] - base["step_s_p50"] == pytest.approx(0.05, abs=1e-6)
+    assert slow["sync_s_p50"] == pytest.approx(base["sync_s_p50"]) and slow["update_s_p50"] == pytest.approx(0.05)
+    kw = dict(sync="ring", overlap="full", link_rate="1gbit", compute="emulated:400")
+    full = simulate(_cfg(**kw), tmp_path / "c")
+    full_slow = simulate(_cfg(**kw), tmp_path / "d", update_s=0.05)
+    assert 0.0 < full_slow["step_s_p50"] - full["step_s_p50"] <= 0.05 + 1e-6
+
+
+def test_an_update_for_a_ps_or_below_zero_is_one_line_exit_2(tmp_path):
+    for flags in (["--sync", "ps", "--update-ms", "5"], ["--sync", "ring", "--update-ms", "-1"]):
+        r = subprocess.run([sys.executable, "-m", "psring", "simulate", "--workers", "4", "--compute", "emulated:100",
+                            *flags, "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--update-ms" in r.stderr, r.stderr
 
 
 def test_congestion_control_explains_the_rings_misses():
@@ -159,7 +184,7 @@ def test_the_committed_speed_benchmark_meets_the_target():
     assert [rows[n]["ms_per_simulated_step"] for n in sorted(rows)] == sorted(r["ms_per_simulated_step"] for r in rows.values())
 
 
-def test_a_run_replayed_from_its_folder_takes_its_calibrations_alpha(tmp_path):
+def test_a_run_replayed_from_its_folder_takes_its_calibrations_alpha_and_its_update(tmp_path):
     run = RESULTS / "bandwidth" / "runs" / "sync-allreduce_workers-4_servers-1_link_rate-100mbit"
     r = subprocess.run([sys.executable, "-m", "psring", "simulate", "--from", str(run), "--out", str(tmp_path / "r")],
                        capture_output=True, text=True, timeout=120)
@@ -167,3 +192,5 @@ def test_a_run_replayed_from_its_folder_takes_its_calibrations_alpha(tmp_path):
     s = json.loads((tmp_path / "r" / "summary.json").read_text())
     alpha = json.loads((RESULTS / "bandwidth" / "calibration.json").read_text())["alpha_s"] * 1e6
     assert s["alpha_us"] == pytest.approx(alpha) and s["workers"] == 4 and s["simulated"] is True
+    measured = json.loads((run / "summary.json").read_text())["update_s_p50"]
+    assert measured > 0 and s["update_s_p50"] == pytest.approx(measured)

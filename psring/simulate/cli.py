@@ -1,4 +1,5 @@
-"""``psring simulate``: ``psring train``'s flags, plus ``--jitter`` and ``--alpha-us``; writes a run folder.
+"""``psring simulate``: ``psring train``'s flags, plus ``--jitter``, ``--alpha-us`` and ``--update-ms``; writes a
+run folder.
 
     psring simulate --sync ring --workers 64 --model resnet18 --net emulated --link-rate 10gbit \\
         --compute emulated:200 --overlap none --steps 20 --jitter lognormal:0.05 --out runs/sim-ring-64
@@ -20,6 +21,18 @@ def calibration_of(run: Path) -> Path | None:
         if (d / "calibration.json").is_file():
             return d / "calibration.json"
     return None
+
+
+def measured_update_s(run: Path) -> float:
+    """``--from RUN``'s default ``--update-ms``: the local optimizer's update a step the run measured
+    (``update_s_p50`` of its summary; 0 where it has none, e.g. a PS's workers)."""
+    import json
+
+    try:
+        value = json.loads((run / "summary.json").read_text()).get("update_s_p50")
+    except (OSError, ValueError):
+        return 0.0
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
 
 
 def replay_of(run: Path, alpha_us: float | None):
@@ -60,7 +73,11 @@ def cmd_simulate(a) -> int:
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
-    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us, readiness=a.readiness)
+    update_ms = a.update_ms
+    if update_ms is None:
+        update_ms = measured_update_s(Path(a.from_run)) * 1000 if a.from_run else 0.0
+    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us, readiness=a.readiness,
+                 update_s=update_ms / 1000)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")
     return 0
@@ -82,6 +99,9 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--alpha-us", type=float, default=None,
                    help="per-message latency, us (default: one emulated link's, results/bandwidth's calibration; "
                         "with --from, the run's own calibration)")
+    p.add_argument("--update-ms", type=float, default=None,
+                   help="the local optimizer's update a step, ms, replayed before each forward (--overlap full: "
+                        "each parameter's share at its gate); default 0 (free), with --from the run's own update_s_p50")
     p.add_argument("--from", dest="from_run", metavar="RUN",
                    help="replay this run folder with its own config.json (the other train flags are ignored) and "
                         "the alpha of its calibration.json (in it or its results folder)")

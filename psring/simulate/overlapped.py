@@ -13,9 +13,7 @@ end together no earlier.)
   (2(N-1) alpha), for ``LEARN_STEPS`` steps; later steps keep the order planned from their timing
   (``timed_plan``), with no rounds (each rank enters a unit once it is ready there); the next forward starts right after backward and each parameter's share of it waits for
   the units holding that parameter (``sync.overlap``'s gates); the waits are booked as sync, as the trainer
-  books them.
-
-The per-unit updates are free here, as every update is in ``psring simulate``.
+  books them. The local optimizer's update (``--update-ms``) runs before each forward (``full``: at the gates).
 """
 from __future__ import annotations
 
@@ -154,16 +152,17 @@ class OverlapReplay:
     ``records`` as ``run.Replay``'s."""
 
     def __init__(self, cfg, compute: np.ndarray, alpha_s: float, tuned: dict | None = None,
-                 readiness: str = "bytes"):
+                 readiness: str = "bytes", update_s: float = 0.0):
         """``tuned``: what the run being replayed cut (``partition_bytes``, ``chunk_bytes``), else cut here;
-        ``readiness``: when backward makes each gradient (``profile``)."""
+        ``readiness``: when backward makes each gradient (``profile``); ``update_s``: the local optimizer's
+        update, run before each forward (``full``: by the gates, with each parameter's forward share)."""
         from .. import strategies
         from ..sync.buckets import layout_bytes
         from .plans import layout_of
         from .profile import param_weights
         from .run import cluster
 
-        self.cfg, self.compute, self.full = cfg, compute, cfg.overlap == "full"
+        self.cfg, self.compute, self.full, self.update_s = cfg, compute, cfg.overlap == "full", update_s
         self.net, host_of, server_host = cluster(cfg, alpha_s)
         layout, tuned = layout_of(cfg), tuned or {}
         if strategies.uses_servers(cfg.sync):
@@ -202,7 +201,7 @@ class OverlapReplay:
 
         s = self.step[r]
         self.began[r] = self.net.now
-        self.forward_s[r] = float(self.compute[s, r]) * FORWARD_SHARE
+        self.forward_s[r] = float(self.compute[s, r]) * FORWARD_SHARE + self.update_s
         if self.full and s > 0:
             self.cursor[r], self.param[r] = self.net.now, 0
             self._forward(r)
@@ -293,8 +292,8 @@ class OverlapReplay:
         from .records import record
 
         s, now = self.step[r], self.net.now
-        compute_end = self.began[r] + float(self.compute[s, r]) if self.full else self.backward_end[r]
-        self.records[r].append(record(self.cfg, r, s, self.began[r], compute_end, now, self.prog.step_bytes(r)))
+        end = self.began[r] + float(self.compute[s, r]) + self.update_s if self.full else self.backward_end[r]
+        self.records[r].append(record(self.cfg, r, s, self.began[r], end, now, self.prog.step_bytes(r), None, self.update_s))
         self.step[r] += 1
         if self.step[r] < self.cfg.steps:
             self._begin(r)

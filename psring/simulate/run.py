@@ -91,6 +91,16 @@ def check(cfg: TrainConfig) -> float:
     return ms / 1000
 
 
+def check_update(cfg: TrainConfig, update_s: float) -> None:
+    """One line for an update the replay cannot place: negative or not a number, or a PS run's (its workers
+    have no local optimizer: its servers update, and the replay leaves their update out)."""
+    if not (math.isfinite(update_s) and update_s >= 0):
+        raise ConfigError(f"--update-ms must be a number >= 0, got {update_s * 1000:g}")
+    if update_s and strategies.uses_servers(cfg.sync):
+        raise ConfigError("--update-ms is a local optimizer's update; a PS's workers have none (its servers update, "
+                          "which the replay leaves out): drop it")
+
+
 def overlapped(cfg: TrainConfig) -> bool:
     """Whether the run's communication overlaps compute (``--overlap backward|full``, N > 1, a strategy
     that communicates): ``overlapped.OverlapReplay`` replays it."""
@@ -157,17 +167,19 @@ def program(cfg: TrainConfig, net: Network, host_of: list[int], server_host: lis
 
 
 def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: float = DEFAULT_ALPHA_US,
-             flows: bool = False, tuned: dict | None = None, readiness: str = "bytes") -> dict:
+             flows: bool = False, tuned: dict | None = None, readiness: str = "bytes", update_s: float = 0.0) -> dict:
     """Replay ``cfg`` (validated) and write its run folder ``out``; returns the summary. On a numpy replay
     where ``vector_of`` (or, overlapped, ``vector_overlap_of``) has one, unless ``flows`` (the flow network
     always). ``tuned``: an overlapped run's recorded partition or chunk (``partition_bytes``,
     ``chunk_bytes``: what its probe and cores cut); ``readiness``: when backward makes each gradient
-    (``profile``: ``bytes``, as the emulation does, or ``flops``)."""
+    (``profile``: ``bytes``, as the emulation does, or ``flops``); ``update_s``: the local optimizer's update a
+    step (``check_update``; ``records``' docstring says where a step spends it)."""
     from .profile import check_readiness
     from .vector_overlap import overlap_records, vector_overlap_of
 
     check_readiness(readiness)
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
+    check_update(cfg, update_s)
     vector = None if flows or overlapped(cfg) else vector_of(cfg, alpha_us * 1e-6)
     unitwise = None if flows or not overlapped(cfg) else vector_overlap_of(cfg, alpha_us * 1e-6, tuned, readiness)
     if flows and overlapped(cfg) and strategies.attr(cfg.sync, "cost_model") == cm.HIERARCHICAL_MODEL:
@@ -177,20 +189,20 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     if isinstance(vector, AsyncPS):  # SSP, ASP, BSP with 1 < S < N: each worker its own steps
         records = async_records(cfg, compute, vector)
     elif vector is not None:
-        records = vector_records(cfg, compute, vector)
+        records = vector_records(cfg, compute, vector, update_s)
     elif unitwise is not None and cfg.overlap == "full":
         from .vector_full import full_records
 
-        records = full_records(cfg, compute, *unitwise, alpha_us * 1e-6)
+        records = full_records(cfg, compute, *unitwise, alpha_us * 1e-6, update_s)
     elif unitwise is not None:
-        records = overlap_records(cfg, compute, *unitwise)
+        records = overlap_records(cfg, compute, *unitwise, update_s)
     else:
         if overlapped(cfg):
             from .overlapped import OverlapReplay
 
-            replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned, readiness)
+            replay = OverlapReplay(cfg, compute, alpha_us * 1e-6, tuned, readiness, update_s)
         else:
-            replay = Replay(cfg, compute, alpha_us * 1e-6)
+            replay = Replay(cfg, compute, alpha_us * 1e-6, update_s)
         replay.net.run()
         records = replay.records
     extra = {"simulated": True, "jitter": jitter, "alpha_us": alpha_us}
@@ -250,8 +262,8 @@ class Replay:
     """Every worker's steps on the flow network: compute (``compute[step, rank]``), then the strategy's
     communication; the next step once the worker holds this one's result (BSP)."""
 
-    def __init__(self, cfg: TrainConfig, compute: np.ndarray, alpha_s: float):
-        self.cfg, self.compute = cfg, compute
+    def __init__(self, cfg: TrainConfig, compute: np.ndarray, alpha_s: float, update_s: float = 0.0):
+        self.cfg, self.compute, self.update_s = cfg, compute, update_s
         self.net, host_of, server_host = cluster(cfg, alpha_s)
         n = cfg.workers
         self.records: list[list[dict]] = [[] for _ in range(n)]
@@ -262,13 +274,13 @@ class Replay:
 
     def begin(self, r: int) -> None:
         self.began[r] = self.net.now
-        self.backward_end[r] = self.net.now + float(self.compute[self.step[r], r])
+        self.backward_end[r] = self.net.now + self.update_s + float(self.compute[self.step[r], r])
         self.net.at(self.backward_end[r], lambda: self.prog.start(r) if self.prog else self.finish(r, 0.0))
 
     def finish(self, r: int, sent: float, recv: float | None = None) -> None:
         """Worker ``r`` holds its step's result: its record, and its next step."""
         self.records[r].append(record(self.cfg, r, self.step[r], self.began[r], self.backward_end[r],
-                                      self.net.now, sent, recv))
+                                      self.net.now, sent, recv, self.update_s))
         self.step[r] += 1
         if self.step[r] < self.cfg.steps:
             self.begin(r)

@@ -6,7 +6,7 @@ the run was link-bound) and, for the runs it does not replay, the reason.
 A run's own ``config.json`` is simulated as it is (its strategy, N, S, G, links, burst, model, buckets,
 chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated link's calibrated 205 us;
 an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
-cores).
+cores); and a local optimizer's update as the run measured it (``update_s_p50``, ``measured_update``).
 
 Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: the largest of ``cpu_util``,
 ``cpu_util_sync`` and, where recorded, ``cpu_util_comm`` below 0.9), and the CPU it measured per step would fit in the machine's cores at its replayed
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import strategies
 from ..config import ConfigError, TrainConfig
 from ..metrics.cpu import SATURATED
 from .run import check, overlapped, simulate
@@ -32,7 +33,7 @@ from .run import check, overlapped, simulate
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
            "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")
 COLUMNS = ["folder", "run_id", "sync", "workers", "servers", "workers_per_host", "link_rate", "model", "overlap", "compress",
-           "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "cpu_at_replay", "link_bound",
+           "sync_s", "sim_sync_s", "sync_ratio", "step_s", "sim_step_s", "step_ratio", "update_s", "cpu_at_replay", "link_bound",
            "replayed"]
 CPU_FITS = SATURATED  # as cpu_saturated's threshold: above it the cores, not the links, set the pace
 
@@ -53,6 +54,15 @@ def runs_of(results: Path) -> list[tuple[str, Path, dict]]:
     return out
 
 
+def measured_update(row: dict, cfg: TrainConfig) -> float:
+    """The local optimizer's update a step the run measured (``update_s_p50``), which the replay runs
+    before each forward: its own calibration, as ``bounds`` takes it; 0 for a PS (its workers have none)."""
+    value = row.get("update_s_p50")
+    if strategies.uses_servers(cfg.sync) or not (pd.notna(value) and float(value) > 0):
+        return 0.0
+    return float(value)
+
+
 def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     cfg = TrainConfig.load(run / "config.json")
     base = {"folder": folder, "run_id": row["run_id"], "sync": row["sync"], "workers": int(row["workers"]),
@@ -64,8 +74,10 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     except ConfigError as e:
         return {**base, "replayed": f"no: {str(e).split(':')[0][:80]}"}
     tuned = {k: float(row[k]) for k in ("partition_bytes", "chunk_bytes") if pd.notna(row.get(k))}
-    s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"), tuned=tuned if overlapped(cfg) else None)
-    sim = {"sim_sync_s": s["sync_s_p50"], "sim_step_s": s["step_s_p50"], "replayed": "yes"}
+    update = measured_update(row, cfg)
+    s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"), tuned=tuned if overlapped(cfg) else None,
+                 update_s=update)
+    sim = {"sim_sync_s": s["sync_s_p50"], "sim_step_s": s["step_s_p50"], "update_s": update, "replayed": "yes"}
     sim["sync_ratio"] = sim["sim_sync_s"] / base["sync_s"] if base["sync_s"] else None
     sim["step_ratio"] = sim["sim_step_s"] / base["step_s"] if base["step_s"] else None
     cpu = row.get("cpu_util")

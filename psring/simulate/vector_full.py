@@ -24,8 +24,9 @@ from ..sync.schedule import CREDITS, LEARN_STEPS, timed_step
 from .timed_plan import TimedSteps, source
 
 
-def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[list[dict]]:
-    """Every step of every worker, as ``OverlapReplay`` records them under ``full`` (sync: the gates' waits)."""
+def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float, update_s: float = 0.0) -> list[list[dict]]:
+    """Every step of every worker, as ``OverlapReplay`` records them under ``full`` (sync: the gates' waits;
+    ``update_s``: the update, each parameter's share of it run by its gate, with its forward share)."""
     from ..train.emulation import FORWARD_SHARE
     from .records import add_step
 
@@ -40,7 +41,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
     steps = TimedSteps(plan.numels, n)  # the timed steps, and the orders planned from them
     for s in range(cfg.steps):
         c = np.asarray(compute[s], dtype=np.float64)
-        forward_s, backward_s = c * FORWARD_SHARE, c * (1 - FORWARD_SHARE)
+        forward_s, backward_s = c * FORWARD_SHARE + update_s, c * (1 - FORWARD_SHARE)
         if s == 0:
             start = began + forward_s
         else:
@@ -48,7 +49,7 @@ def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float) -> list[l
             for share, cover in zip(plan.shares, plan.covering):
                 start = np.maximum(start, back[cover].max(axis=0)) + forward_s * share
         ready = start[None, :] + backward_s[None, :] * np.asarray(plan.ready)[:, None]
-        add_step(records, cfg, s, began, began + c, start + backward_s, sent)
+        add_step(records, cfg, s, began, began + c + update_s, start + backward_s, sent, update_s)
         t_ready, t_done, t_commit = steps.arrays(s) if timed_step(s) else (None, None, None)
         if t_ready is not None:
             t_ready[:] = ready

@@ -48,7 +48,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     return (VectorHierarchy(hosts, cfg.per_host, ring) if hosts < cfg.workers else ring), plan
 
 
-def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
+def overlap_records(cfg, compute: np.ndarray, ring, plan, update_s: float = 0.0) -> list[list[dict]]:
     """Every step of every worker: forward, then backward making the units ready as it goes, each reduced as
     soon as the ring gets to it; the records as ``OverlapReplay``'s (sync: from backward's end to the last
     unit back)."""
@@ -60,8 +60,8 @@ def overlap_records(cfg, compute: np.ndarray, ring, plan) -> list[list[dict]]:
     t = np.zeros(cfg.workers)
     for step in range(cfg.steps):
         c = np.asarray(compute[step], dtype=np.float64)
-        begin = t + c * FORWARD_SHARE  # backward starts
+        begin = t + update_s + c * FORWARD_SHARE  # backward starts (after the last step's update, then forward)
         end, sent = ring.units(begin[None, :] + c[None, :] * (1 - FORWARD_SHARE) * share)
-        add_step(records, cfg, step, t, t + c, end, sent)
+        add_step(records, cfg, step, t, t + update_s + c, end, sent, update_s)
         t = end
     return records
