@@ -24,24 +24,20 @@ def table() -> pd.DataFrame:
     return t
 
 
-def test_every_point_is_link_bound_and_within_10_percent_of_its_bound_but_hierarchical():
+def test_every_point_is_link_bound_and_within_10_percent_of_its_bound():
     t = table()
     assert t["link_bound"].all() and not t["cpu_saturated"].any(), t[["model", "label", "cpu_util_sync"]]
-    hier = t["sync"] == "hierarchical"
-    bad = t[~hier & ((t["over_bound"] < 0.90) | (t["over_bound"] > 1.10))]
+    bad = t[(t["over_bound"] < 0.90) | (t["over_bound"] > 1.10)]
     assert bad.empty, bad[["model", "label", "sync_s_p50", "bound_s", "over_bound"]].to_string()
-    assert t[hier]["over_bound"].between(1.0, 1.20).all(), t[hier][["model", "over_bound"]]
 
 
-def test_hierarchical_pays_its_in_host_stages_per_byte():
-    """Its bound prices the host link alone; the reduce-scatter and all-gather inside each host (loopback,
-    CPU copies on 2 shared cores) come before and after the cross-host stage: time that grows with M."""
+def test_hierarchical_hides_its_in_host_stages_behind_the_host_link():
+    """Its bound prices the host link alone. Through shared memory and with the cross-host all-reduce in pieces
+    (sync/host_memory.py) the in-host stages leave 1-3% over it; through gloo's loopback TCP, one stage after
+    another, they left 1.10-1.18x (0.17-0.72 s, growing with M)."""
     t = table()
-    h = t[t["sync"] == "hierarchical"].sort_values("m_bytes")
-    excess = (h["sync_s_p50"] - h["bound_s"]).tolist()
-    assert excess == sorted(excess) and excess[0] > 0, h[["model", "sync_s_p50", "bound_s"]]
-    rate = h["m_bytes"] / (h["sync_s_p50"] - h["bound_s"])  # M over the excess: 0.27-0.48 GB/s
-    assert rate.between(0.2e9, 0.6e9).all(), rate
+    h = t[t["sync"] == "hierarchical"]
+    assert h["over_bound"].between(1.0, 1.05).all(), h[["model", "sync_s_p50", "bound_s", "over_bound"]]
 
 
 def test_the_order_of_the_strategies_is_the_same_for_every_model():
@@ -49,7 +45,12 @@ def test_the_order_of_the_strategies_is_the_same_for_every_model():
     orders = {m: g.sort_values("sync_s_p50")["label"].tolist() for m, g in t.groupby("model")}
     firsts = {m: o[0] for m, o in orders.items()}
     lasts = {m: o[-1] for m, o in orders.items()}
-    assert set(firsts.values()) == {"ps S=4"} and set(lasts.values()) == {"ps S=1"}, orders
+    # the two whose host links carry about M (the PS with S = N, hierarchical's 2(H-1)/H = 1) lead, within 8%
+    # of each other; the one-server PS is last
+    assert set(firsts.values()) <= {"ps S=4", "hierarchical (2 hosts × 2)"} and set(lasts.values()) == {"ps S=1"}, orders
+    for m, g in t.groupby("model"):
+        lead = g.set_index("label")["sync_s_p50"]
+        assert abs(lead["ps S=4"] / lead["hierarchical (2 hosts × 2)"] - 1) < 0.08, (m, lead)
 
 
 def test_sync_time_scales_with_m():
