@@ -49,7 +49,13 @@ def _worker_without_shm(rank: int, world: int, store: str, out: str) -> None:
     _worker(rank, world, store, out, shm_dir=os.path.join(out, "no-such-dir"))
 
 
-@pytest.mark.parametrize("fn,shared", [(_worker, True), (_worker_without_shm, False)])
+def _worker_second_host_without_shm(rank: int, world: int, store: str, out: str) -> None:
+    """Host 0 maps its memory, host 1 cannot: their cross-host collectives must still line up."""
+    _worker(rank, world, store, out, shm_dir=None if rank < 2 else os.path.join(out, "no-such-dir"))
+
+
+@pytest.mark.parametrize("fn,shared", [(_worker, [True] * 4), (_worker_without_shm, [False] * 4),
+                                       (_worker_second_host_without_shm, [True, True, False, False])])
 def test_hierarchical_sums_exactly_through_memory_or_gloo(tmp_path, fn, shared):
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     assert spawn(fn, 4, tmp_path) == [0] * 4
@@ -59,7 +65,7 @@ def test_hierarchical_sums_exactly_through_memory_or_gloo(tmp_path, fn, shared):
         want = sum(base * (r + 1) + r for r in range(4))
         for o in outs:
             assert torch.equal(o["flat"][i], want), (i, n)
-    assert all(o["shared"] is shared for o in outs)
+    assert [o["shared"] for o in outs] == shared
     assert all(o["phases"] == ["cross-host all-reduce", "host all-gather", "host reduce-scatter"] for o in outs)
     if os.path.isdir("/dev/shm"):
         assert not {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("psring-")}

@@ -27,6 +27,7 @@ is padded with zeros for the three stages (a copy in and out; at most G - 1 elem
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -40,8 +41,8 @@ from .reducer import FutureHandle, Reducer
 from .ring import _on_device
 
 PHASES = ("host reduce-scatter", "cross-host all-reduce", "host all-gather")
-# Through shared memory (CPU), a part's cross-host all-reduce in this many pieces, each all-gathered in the host
-# while the next is on the link (gloo runs the asynchronous all-reduces in order). ResNet-18, 2 hosts x 2 workers,
+# On gloo, a part's cross-host all-reduce in this many pieces, each all-gathered in the host (through shared memory
+# on CPU) while the next is on the link (gloo runs the asynchronous all-reduces in order). ResNet-18, 2 hosts x 2 workers,
 # 400 Mbit, --overlap none, three alternating rounds: sync 0.966-0.993 s with 4 pieces (0.974 / 0.976 s in one
 # start each of 4 and 8), 0.993-1.027 s in one piece, 1.056-1.067 s through gloo's collectives; the schedule's
 # replay 0.913 s.
@@ -85,33 +86,41 @@ class HierarchicalAllReduce(Reducer):
         buf = flat if pad == 0 else torch.cat([flat, flat.new_zeros(pad)])
         part = buf.new_empty(buf.numel() // g)
         mem = self.memory if self.memory is not None and self.memory.ensure(buf.numel() * buf.element_size()) else None
-        if mem is not None and self.hosts > 1:
-            self._timed(bucket, 0, lambda: mem.reduce_scatter(part, buf))
+        if g > 1 and self.hosts > 1 and self.pg.backend == "gloo":  # (the same on every rank: the cross groups
+            # must issue the same collectives, whichever hosts could map their memory)
+            self._timed(bucket, 0, lambda: mem.reduce_scatter(part, buf) if mem is not None else
+                        REDUCE_SCATTER(part, buf, group=self.host_group))
             self._pipelined(bucket, mem, buf, part)
         else:
             self._stages(bucket, mem, buf, part)
         if pad:
             flat.copy_(buf[:flat.numel()])
 
-    def _pipelined(self, bucket: Bucket, mem: HostMemory, buf: torch.Tensor, part: torch.Tensor) -> None:
+    def _pipelined(self, bucket: Bucket, mem: HostMemory | None, buf: torch.Tensor, part: torch.Tensor) -> None:
         """The part's cross-host all-reduce in pieces (asynchronous, in order), each piece all-gathered in the
-        host through memory once its sum is back. Traced as two spans that overlap: from the first piece's
-        all-reduce to the last one's sum, and from the first piece's all-gather to the last one's end."""
+        host once its sum is back: through memory, or gloo's all-gather where the host could not map it. Traced
+        as two spans that overlap: from the first piece's all-reduce to the last one's sum, and from the first
+        piece's all-gather to the last one's end."""
         pieces = max(1, min(PIECES, part.numel() * part.element_size() // MIN_PIECE_BYTES))
         cuts = [part.numel() * k // pieces for k in range(pieces + 1)]
         t0 = time.perf_counter()
-        works = [dist.all_reduce(part[a:b], group=self.cross_group, async_op=True) for a, b in zip(cuts, cuts[1:])]
+        works = [dist.all_reduce(part[a:b], group=self.cross_group, async_op=True) for a, b in pairwise(cuts)]
         first = summed = None
-        for w, a, b in zip(works, cuts, cuts[1:]):
+        for w, (a, b) in zip(works, pairwise(cuts)):
             w.wait()
             summed = time.perf_counter()
             first = first or summed
-            mem.all_gather(buf, part, a, b)
+            if mem is not None:
+                mem.all_gather(buf, part, a, b)
+            else:
+                p = part.numel()
+                dist.all_gather([buf[i * p + a:i * p + b] for i in range(self.per_host)], part[a:b],
+                                group=self.host_group)
         self.messages.append((f"{self.name} b{bucket.index} {PHASES[1]}", t0, summed - t0))
         self.messages.append((f"{self.name} b{bucket.index} {PHASES[2]}", first, time.perf_counter() - first))
 
     def _stages(self, bucket: Bucket, mem: HostMemory | None, buf: torch.Tensor, part: torch.Tensor) -> None:
-        """The three stages one after another (one host; or a host that keeps gloo's collectives)."""
+        """The three stages one after another (one host, one worker a host, or NCCL)."""
         g = self.per_host
         with _on_device(self.device):
             if mem is not None:
