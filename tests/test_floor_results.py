@@ -58,3 +58,17 @@ def test_overlap_floor_claims():
         assert abs(s["psring_over_bound"] - med[("psring", own)]) < 1e-9
         assert abs(s["psring_over_bsp"] - (pairs["psring"] / pairs["bsp"]).median()) < 1e-9
         assert s["bsp_best_chunk_bytes"] == med.loc["bsp"].idxmin()
+
+
+def test_ps_schedule_replay_claims():
+    """results/overlap_floor/ps_schedule_replay.csv (benchmarks/ps_schedule_replay.py): with `full`, the PS's own
+    schedule replayed with no CPU is 1.13x its bound at psring's 474 KiB chunk whatever the credits (1.12-1.17x for
+    1-8 chunks), within 1.10x from 256 KiB down and 1.02x at 128 KiB; with `backward` 1.06x at its chunk."""
+    df = pd.read_csv(RESULTS / "overlap_floor" / "ps_schedule_replay.csv")
+    full, back = df[df["overlap"] == "full"], df[df["overlap"] == "backward"]
+    own = full[full["chunk_bytes"] == 485376].set_index("credit_chunks")["step_over_bound"]
+    assert sorted(own.index) == [1, 2, 4, 8] and own.between(1.12, 1.17).all() and abs(own[2] - 1.13) < 0.005
+    ladder = full[full["credit_chunks"] == 2].set_index("chunk_bytes")["step_over_bound"]
+    assert (ladder[ladder.index <= 256 << 10] < 1.10).all() and ladder[128 << 10] < 1.03
+    assert ladder.is_monotonic_increasing
+    assert abs(back[(back["chunk_bytes"] == 485376) & (back["credit_chunks"] == 2)]["step_over_bound"].iloc[0] - 1.06) < 0.005
