@@ -23,16 +23,15 @@ def calibration_of(run: Path) -> Path | None:
     return None
 
 
-def measured_update_s(run: Path) -> float:
-    """``--from RUN``'s default ``--update-ms``: the local optimizer's update a step the run measured
-    (``update_s_p50`` of its summary; 0 where it has none, e.g. a PS's workers)."""
+def summary_of(run: Path) -> dict:
+    """A run folder's ``summary.json`` ({} where it has none or it does not parse)."""
     import json
 
     try:
-        value = json.loads((run / "summary.json").read_text()).get("update_s_p50")
+        summary = json.loads((run / "summary.json").read_text())
     except (OSError, ValueError):
-        return 0.0
-    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) and value > 0 else 0.0
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def replay_of(run: Path, alpha_us: float | None):
@@ -57,6 +56,7 @@ def replay_of(run: Path, alpha_us: float | None):
 
 def cmd_simulate(a) -> int:
     from ..cli import config_from_args
+    from .records import measured_update_s
     from .run import DEFAULT_ALPHA_US, parse_jitter, simulate
 
     parse_jitter(a.jitter)  # before anything else: one line for a bad model
@@ -73,11 +73,11 @@ def cmd_simulate(a) -> int:
     out = Path(a.out)
     if (out / "summary.json").exists() and not a.overwrite:
         raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
+    cfg = cfg if cfg is not None else config_from_args(a)
     update_ms = a.update_ms
-    if update_ms is None:
-        update_ms = measured_update_s(Path(a.from_run)) * 1000 if a.from_run else 0.0
-    s = simulate(cfg if cfg is not None else config_from_args(a), out, a.jitter, alpha_us, readiness=a.readiness,
-                 update_s=update_ms / 1000)
+    if update_ms is None:  # --from: the run's own update (its calibration, as its alpha)
+        update_ms = measured_update_s(summary_of(Path(a.from_run)), cfg.sync) * 1000 if a.from_run else 0.0
+    s = simulate(cfg, out, a.jitter, alpha_us, readiness=a.readiness, update_s=update_ms / 1000)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")
     return 0

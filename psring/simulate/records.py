@@ -1,6 +1,7 @@
 """The trainer's per-step records (``steps.jsonl``'s columns) of a replayed run: one worker's step from when it
 began, ended backward and held the result (``record``), and the numpy replays' loop over steps and ranks
-(``add_step``, ``vector_records``).
+(``add_step``, ``vector_records``), and the local optimizer's update: which a replay takes (``check_update``,
+``measured_update_s``) and where a step spends it.
 
 A local optimizer's update (``update_s``, ``psring simulate --update-ms``) is replayed as a step's first
 phase: the trainer runs it after the sync and before the next forward (under ``--overlap full``, parameter by
@@ -8,9 +9,12 @@ parameter in the next forward's gates), so in a steady step it sits between one 
 forward, and it delays both the step and the next backward's gradients."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from ..config import TrainConfig
+from .. import strategies
+from ..config import ConfigError, TrainConfig
 
 
 def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: float, now: float, sent: float,
@@ -47,3 +51,22 @@ def vector_records(cfg: TrainConfig, compute: np.ndarray, replay, update_s: floa
         add_step(records, cfg, step, t, start, end, sent, update_s)
         t = np.array(np.broadcast_to(end, start.shape), dtype=np.float64)
     return records
+
+
+def check_update(cfg: TrainConfig, update_s: float) -> None:
+    """One line for an update the replay cannot place: negative or not a number, or a PS run's (its workers
+    have no local optimizer: its servers update, and the replay leaves their update out)."""
+    if not (math.isfinite(update_s) and update_s >= 0):
+        raise ConfigError(f"--update-ms must be a number >= 0, got {update_s * 1000:g}")
+    if update_s and strategies.uses_servers(cfg.sync):
+        raise ConfigError("--update-ms is a local optimizer's update; a PS's workers have none (its servers update, "
+                          "which the replay leaves out): drop it")
+
+
+def measured_update_s(summary: dict, sync: str) -> float:
+    """The local optimizer's update a step a run measured (``update_s_p50`` of its summary or runs.csv row), which
+    its replay runs before each forward, as ``bounds`` takes it; 0 where it has none (a PS: its workers have none)."""
+    value = summary.get("update_s_p50")
+    if strategies.uses_servers(sync) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        return 0.0
+    return float(value)

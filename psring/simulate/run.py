@@ -31,7 +31,7 @@ from .network import Network
 from .plans import bucket_numels, layout_of, link_Bps, ps_plan
 from .profile import NO_JITTER
 from .programs import PSProgram, RingProgram
-from .records import record, vector_records
+from .records import check_update, record, vector_records
 
 DEFAULT_ALPHA_US = 205.0  # one emulated 1 Gbit link's alpha, as results/bandwidth/calibration.json measured it
 
@@ -89,16 +89,6 @@ def check(cfg: TrainConfig) -> float:
             raise ConfigError(f"{flag}: {e}") from None
     burst_bytes(cfg.link_burst)
     return ms / 1000
-
-
-def check_update(cfg: TrainConfig, update_s: float) -> None:
-    """One line for an update the replay cannot place: negative or not a number, or a PS run's (its workers
-    have no local optimizer: its servers update, and the replay leaves their update out)."""
-    if not (math.isfinite(update_s) and update_s >= 0):
-        raise ConfigError(f"--update-ms must be a number >= 0, got {update_s * 1000:g}")
-    if update_s and strategies.uses_servers(cfg.sync):
-        raise ConfigError("--update-ms is a local optimizer's update; a PS's workers have none (its servers update, "
-                          "which the replay leaves out): drop it")
 
 
 def overlapped(cfg: TrainConfig) -> bool:
@@ -173,7 +163,7 @@ def simulate(cfg: TrainConfig, out: Path, jitter: str = NO_JITTER, alpha_us: flo
     always). ``tuned``: an overlapped run's recorded partition or chunk (``partition_bytes``,
     ``chunk_bytes``: what its probe and cores cut); ``readiness``: when backward makes each gradient
     (``profile``: ``bytes``, as the emulation does, or ``flops``); ``update_s``: the local optimizer's update a
-    step (``check_update``; ``records``' docstring says where a step spends it)."""
+    step (``records``: where a step spends it, and ``check_update``)."""
     from .profile import check_readiness
     from .vector_overlap import overlap_records, vector_overlap_of
 

@@ -6,7 +6,7 @@ the run was link-bound) and, for the runs it does not replay, the reason.
 A run's own ``config.json`` is simulated as it is (its strategy, N, S, G, links, burst, model, buckets,
 chunks, window, compute, overlap, steps and warm-up), with alpha = the emulated link's calibrated 205 us;
 an overlapped run with the partitions or chunks it cut (``partition_bytes``, ``chunk_bytes``: its probe, its
-cores); and a local optimizer's update as the run measured it (``update_s_p50``, ``measured_update``).
+cores); and a local optimizer's update as the run measured it (``update_s_p50``, ``records.measured_update_s``).
 
 Link-bound (``link_bound``): the run was not CPU-saturated (``cpu_saturated``: the largest of ``cpu_util``,
 ``cpu_util_sync`` and, where recorded, ``cpu_util_comm`` below 0.9), and the CPU it measured per step would fit in the machine's cores at its replayed
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import strategies
 from ..config import ConfigError, TrainConfig
 from ..metrics.cpu import SATURATED
+from .records import measured_update_s
 from .run import check, overlapped, simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
@@ -54,15 +54,6 @@ def runs_of(results: Path) -> list[tuple[str, Path, dict]]:
     return out
 
 
-def measured_update(row: dict, cfg: TrainConfig) -> float:
-    """The local optimizer's update a step the run measured (``update_s_p50``), which the replay runs
-    before each forward: its own calibration, as ``bounds`` takes it; 0 for a PS (its workers have none)."""
-    value = row.get("update_s_p50")
-    if strategies.uses_servers(cfg.sync) or not (pd.notna(value) and float(value) > 0):
-        return 0.0
-    return float(value)
-
-
 def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     cfg = TrainConfig.load(run / "config.json")
     base = {"folder": folder, "run_id": row["run_id"], "sync": row["sync"], "workers": int(row["workers"]),
@@ -74,7 +65,7 @@ def validate_one(folder: str, run: Path, row: dict, scratch: Path) -> dict:
     except ConfigError as e:
         return {**base, "replayed": f"no: {str(e).split(':')[0][:80]}"}
     tuned = {k: float(row[k]) for k in ("partition_bytes", "chunk_bytes") if pd.notna(row.get(k))}
-    update = measured_update(row, cfg)
+    update = measured_update_s(row, cfg.sync)
     s = simulate(cfg, scratch / str(row["run_id"]).replace(":", "_"), tuned=tuned if overlapped(cfg) else None,
                  update_s=update)
     sim = {"sim_sync_s": s["sync_s_p50"], "sim_step_s": s["step_s_p50"], "update_s": update, "replayed": "yes"}

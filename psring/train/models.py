@@ -22,9 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config_choices import side_problem
-
-NUM_CLASSES = 10
+from ..config_choices import CIFAR_SIZE, IMAGENET_SIZE, NUM_CLASSES, side_problem
 
 
 class SmallCNN(nn.Module):
@@ -74,9 +72,6 @@ class ResNet18(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.layers(self.stem(x))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
-
-
-CIFAR_SIZE, IMAGENET_SIZE = 32, 224
 
 
 @dataclass(frozen=True)
