@@ -238,11 +238,11 @@ def _fmt_s(s: float) -> str:
 
 
 def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataFrame:
+    meta, runs = load_sweep(Path(path))  # before the imports below (torch, 2 s): a bad file fails at once
     from .launch.launcher import LaunchError, launch
     from .simulate.run import simulate
     from .simulate.sweep_runs import other_kind, sim_settings
 
-    meta, runs = load_sweep(Path(path))
     simulated = bool(meta.get("simulate"))
     if simulated:  # the cluster simulated is the emulated one, as psring simulate's
         runs = [{**r, "net": "emulated"} for r in runs]
