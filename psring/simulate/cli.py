@@ -25,10 +25,10 @@ def calibration_of(run: Path) -> Path | None:
 
 def summary_of(run: Path) -> dict:
     """A run folder's ``summary.json`` ({} where it has none or it does not parse)."""
-    import json
+    from ..results import load_summary
 
     try:
-        summary = json.loads((run / "summary.json").read_text())
+        summary = load_summary(run)
     except (OSError, ValueError):
         return {}
     return summary if isinstance(summary, dict) else {}
