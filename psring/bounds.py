@@ -163,7 +163,7 @@ def step_bound_s(row, m_bytes: float, alpha_s: float = 0.0) -> float:
     """The bound of a whole step in the row's overlap mode, given its emulated compute, its links and its
     workers' own update as the run measured it (``update_s_p50``; 0 for the PS, whose servers update);
     NaN without emulated compute or a sync bound."""
-    from .train.emulation import FORWARD_SHARE, parse_compute
+    from .train.compute_spec import FORWARD_SHARE, parse_compute
 
     comm = bound_s(row, m_bytes, alpha_s)
     spec = row.get("compute")

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from psring.bounds import with_bounds
-from psring.train.emulation import parse_compute
+from psring.train.compute_spec import parse_compute
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..bounds import with_bounds
 from ..strategies import OVERLAPS, attr, uses_servers
-from ..train.emulation import parse_compute
+from ..train.compute_spec import parse_compute
 from .common import is_num, new_figure, note_hollow, order_key, plot_measured, saturated
 
 MODE_COLORS = dict(zip(OVERLAPS, ("tab:gray", "tab:blue", "tab:red")))  # none, backward, full

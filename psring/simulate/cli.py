@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from ..config import ConfigError
-from .profile import NO_JITTER  # (not .run: building the parser must not import torch)
+from .profile import NO_JITTER  # (not .run: neither building the parser nor the checks import torch)
 
 
 def calibration_of(run: Path) -> Path | None:
@@ -56,8 +56,8 @@ def replay_of(run: Path, alpha_us: float | None):
 
 def cmd_simulate(a) -> int:
     from ..cli import config_from_args
-    from .records import measured_update_s
-    from .run import DEFAULT_ALPHA_US, parse_jitter, simulate
+    from .checks import DEFAULT_ALPHA_US, check, parse_jitter
+    from .records import check_update, measured_update_s
 
     parse_jitter(a.jitter)  # before anything else: one line for a bad model
     if a.alpha_us is not None and not (math.isfinite(a.alpha_us) and a.alpha_us >= 0):
@@ -77,6 +77,10 @@ def cmd_simulate(a) -> int:
     update_ms = a.update_ms
     if update_ms is None:  # --from: the run's own update (its calibration, as its alpha)
         update_ms = measured_update_s(summary_of(Path(a.from_run)), cfg.sync) * 1000 if a.from_run else 0.0
+    check(cfg)  # the replay's own checks before it is imported (with the plans: torch, about 2 s of CPU)
+    check_update(cfg, update_ms / 1000)
+    from .run import simulate
+
     s = simulate(cfg, out, a.jitter, alpha_us, readiness=a.readiness, update_s=update_ms / 1000)
     print(f"simulated: {s['steps_completed']} steps, step p50 {s['step_s_p50']:.3f} s, sync p50 "
           f"{s['sync_s_p50']:.3f} s, {s['samples_per_s']:.1f} samples/s; results in {out}")

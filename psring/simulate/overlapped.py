@@ -197,7 +197,7 @@ class OverlapReplay:
             self._begin(r)
 
     def _begin(self, r: int) -> None:
-        from ..train.emulation import FORWARD_SHARE
+        from ..train.compute_spec import FORWARD_SHARE
 
         s = self.step[r]
         self.began[r] = self.net.now
@@ -226,7 +226,7 @@ class OverlapReplay:
         self.net.at(cur, lambda: self._backward(r))
 
     def _backward(self, r: int) -> None:
-        from ..train.emulation import FORWARD_SHARE
+        from ..train.compute_spec import FORWARD_SHARE
 
         s, now = self.step[r], self.net.now
         backward_s = float(self.compute[s, r]) * (1 - FORWARD_SHARE)

@@ -21,7 +21,7 @@ def record(cfg: TrainConfig, r: int, step: int, began: float, backward_end: floa
            recv: float | None = None, update_s: float = 0.0) -> dict:
     """One worker's step, with the trainer's columns (``recv``: where it differs from ``sent``; ``update_s``:
     the local optimizer's update, inside ``began``..``backward_end``)."""
-    from ..train.emulation import FORWARD_SHARE
+    from ..train.compute_spec import FORWARD_SHARE
 
     c = backward_end - began - update_s
     return {"rank": r, "step": step, "loss": None, "step_s": now - began, "data_s": 0.0,

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 
 from ..config import ConfigError
-from .profile import check_readiness
-from .run import DEFAULT_ALPHA_US, NO_JITTER, parse_jitter
+from .checks import DEFAULT_ALPHA_US, parse_jitter
+from .profile import NO_JITTER, check_readiness
 
 
 def sim_settings(run: dict) -> dict:

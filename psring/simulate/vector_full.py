@@ -27,7 +27,7 @@ from .timed_plan import TimedSteps, source
 def full_records(cfg, compute: np.ndarray, ring, plan, alpha_s: float, update_s: float = 0.0) -> list[list[dict]]:
     """Every step of every worker, as ``OverlapReplay`` records them under ``full`` (sync: the gates' waits;
     ``update_s``: the update, each parameter's share of it run by its gate, with its forward share)."""
-    from ..train.emulation import FORWARD_SHARE
+    from ..train.compute_spec import FORWARD_SHARE
     from .records import add_step
 
     n, units = cfg.workers, len(plan.numels)

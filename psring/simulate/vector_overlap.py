@@ -52,7 +52,7 @@ def overlap_records(cfg, compute: np.ndarray, ring, plan, update_s: float = 0.0)
     """Every step of every worker: forward, then backward making the units ready as it goes, each reduced as
     soon as the ring gets to it; the records as ``OverlapReplay``'s (sync: from backward's end to the last
     unit back)."""
-    from ..train.emulation import FORWARD_SHARE
+    from ..train.compute_spec import FORWARD_SHARE
     from .records import add_step
 
     share = np.asarray(plan.ready, dtype=np.float64)[:, None]

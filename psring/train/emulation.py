@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-FORWARD_SHARE = 1 / 3
+from .compute_spec import FORWARD_SHARE
 
 
 class _Deadlines:
@@ -120,11 +120,3 @@ def measure_compute_ms(cfg, threads: int, repeats: int = 5) -> float:
         return statistics.median(times) * 1000
     finally:
         torch.set_num_threads(old)
-
-
-def parse_compute(spec: str) -> float | None:
-    """``real`` -> None; ``emulated:MS`` -> MS; ``emulated`` (not yet resolved) -> 0.0."""
-    mode, _, ms = spec.partition(":")
-    if mode == "real":
-        return None
-    return float(ms) if ms else 0.0

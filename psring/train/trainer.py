@@ -28,8 +28,9 @@ from ..sync.buffer_sync import BufferSync, make_buffer_sync
 from ..sync.process_group import destroy_process_group, env_rank
 from ..sync.ps.colocated import stop_started
 from . import checkpoint
+from .compute_spec import parse_compute
 from .data import ShardedBatches, build_dataset
-from .emulation import EmulatedCompute, parse_compute
+from .emulation import EmulatedCompute
 from .evaluate import evaluate
 from .models import model_of
 from .torchrun import gather_records, launched_by_psring
