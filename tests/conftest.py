@@ -71,6 +71,26 @@ def pytest_runtest_protocol(item, nextitem):
         yield
 
 
+def pids_of(out: Path, role: str, index: int) -> list[int]:
+    """PIDs of ``worker i`` / ``server i`` of the run writing to ``out``: by the command line each shows, started
+    afresh or forked from the zygote (``launch/zygote.py``: the command line it replaces, a worker's rank after it)."""
+    found = []
+    for pid in processes_mentioning(str(out)):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd[1:3] != ["-m", "psring"] or len(cmd) < 4 or cmd[3] != role:
+            continue
+        if role == "server" and any(a.endswith(f"server{index}.addr") for a in cmd):
+            found.append(pid)
+        forked = cmd[-2] == "(rank"
+        if role == "worker" and (cmd[-1] == f"{index})" if forked else f"RANK={index}".encode() in env):
+            found.append(pid)
+    return found
+
+
 def processes_mentioning(text: str) -> list[int]:
     """PIDs of live processes whose command line contains ``text`` (e.g. a run's unique out dir)."""
     pids = []

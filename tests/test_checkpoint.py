@@ -9,7 +9,7 @@ import signal
 import pytest
 import torch
 
-from conftest import processes_mentioning, wait_for
+from conftest import pids_of, processes_mentioning, wait_for
 from psring.train.checkpoint import last_step
 
 STEPS, EVERY = 12, 8  # the killed run checkpoints after steps 7, 15, ...
@@ -54,8 +54,7 @@ def test_failed_run_names_its_last_checkpoint(psring, tmp_path):
     out = tmp_path / "run"
     p = psring.start(*common("allreduce"), "--steps", "100000", "--checkpoint-every", "2", "--out", str(out))
     wait_for(lambda: last_step(out) is not None, 240, "a checkpoint")
-    victim = next(pid for pid in processes_mentioning(str(out)) if pid != p.pid
-                  and b"RANK=1" in open(f"/proc/{pid}/environ", "rb").read().split(b"\0"))
+    victim = pids_of(out, "worker", 1)[0]
     os.kill(victim, signal.SIGKILL)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 1 and "last checkpoint after step" in err and f"--resume {out}" in err, err

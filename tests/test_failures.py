@@ -9,26 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import processes_mentioning, wait_for
+from conftest import pids_of, processes_mentioning, wait_for
 
 DEADLINE_S = 30
 
 
 def child_pid(out: Path, role: str, index: int) -> int | None:
-    """PID of ``worker i`` / ``server i`` of the run writing to ``out`` (found by its command line)."""
-    for pid in processes_mentioning(str(out)):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"-m" not in cmd:
-            continue
-        if role == "worker" and b"worker" in cmd and f"RANK={index}".encode() in env:
-            return pid
-        if role == "server" and b"server" in cmd and any(a.endswith(f"server{index}.addr".encode()) for a in cmd):
-            return pid
-    return None
+    """PID of ``worker i`` / ``server i`` of the run writing to ``out``, found by its command line (a fork of the
+    zygote shows the one it would have been started with, a worker's rank after it: ``launch/zygote.py``)."""
+    return next(iter(pids_of(out, role, index)), None)
 
 
 def steps_logged(out: Path, rank: int) -> int:

@@ -18,24 +18,31 @@ from pathlib import Path
 
 
 def children_of(pid: int) -> dict[int, str]:
-    """The launcher's psring processes: ``{pid: "worker R" | "server I"}``."""
-    found = {}
+    """The launcher's psring processes: ``{pid: "worker R" | "server I"}``: its children, and the children of its
+    zygote (``zygote.py``: forks that show the command line they replace, a worker's rank after it)."""
+    parent, argv, env = {}, {}, {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) != pid:
-                continue
-            argv = (d / "cmdline").read_bytes().split(b"\0")
-            env = (d / "environ").read_bytes().split(b"\0")
+            parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").split()
+            env[int(d.name)] = (d / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if b"worker" in argv:
-            rank = next((e[5:].decode() for e in env if e.startswith(b"RANK=")), "?")
-            found[int(d.name)] = f"worker {rank}"
-        elif b"server" in argv:
-            port_file = next((a.decode() for a in argv if a.endswith(b".addr")), "server?.addr")
-            found[int(d.name)] = "server " + Path(port_file).stem.removeprefix("server")
+    mine = {p for p, pp in parent.items() if pp == pid}
+    mine |= {p for p, pp in parent.items() if pp in mine}
+    found = {}
+    for p in sorted(mine & argv.keys()):
+        args = argv[p]
+        if b"worker" in args:
+            titled = args[-2:][0] == b"(rank" if len(args) > 1 else False
+            rank = args[-1][:-1].decode() if titled else next(
+                (e[5:].decode() for e in env[p] if e.startswith(b"RANK=")), "?")
+            found[p] = f"worker {rank}"
+        elif b"server" in args:
+            port_file = next((a.decode() for a in args if a.endswith(b".addr")), "server?.addr")
+            found[p] = "server " + Path(port_file).stem.removeprefix("server")
     return found
 
 

@@ -2,7 +2,9 @@
 
 Every child gets its own session (so the launcher, not the terminal, decides how it stops) and
 ``PR_SET_PDEATHSIG=SIGKILL`` (so the kernel kills it if the launcher itself is killed). ``stop_all``
-sends SIGTERM to each child's process group, waits, then SIGKILLs what is left.
+sends SIGTERM to each child's process group, waits, then SIGKILLs what is left. psring's own workers and servers
+are forks of the zygote (``forked.py``: torch imported once, not once a child), with the same session, death
+signal (the zygote's, which ends with the launcher) and log; ``PSRING_FORK=0`` starts them afresh.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from .forked import ForkedProc, fork_child
 
 PR_SET_PDEATHSIG = 1
 
@@ -27,7 +31,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProc
     log: Path
 
     @property
@@ -59,10 +63,12 @@ class Children:
 
     def spawn(self, name: str, argv: list[str], env: dict, log: Path, stdout_to_terminal: bool = False) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w") as f:
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=None if stdout_to_terminal else f, stderr=f,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+        proc = fork_child(argv, env, log, stdout_to_terminal)  # psring's workers and servers: torch imported once
+        if proc is None:
+            with open(log, "w") as f:
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                        stdout=None if stdout_to_terminal else f, stderr=f,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
         child = Child(name, proc, log)
         self.children.append(child)
         return child
@@ -85,7 +91,7 @@ class Children:
                 pass
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+def _signal_group(proc: subprocess.Popen | ForkedProc, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):

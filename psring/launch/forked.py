@@ -1,0 +1,176 @@
+"""The launcher's end of the zygote (``zygote.py``): ``fork_child`` starts ``python -m psring worker|server`` as a
+fork of a process that imported torch once, and returns what ``subprocess.Popen`` would have for it (``ForkedProc``:
+``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``).
+
+One zygote per launching process, started at the first such child and kept for the next runs (a sweep, a test
+session); it ends with the process. ``PSRING_FORK=0`` in the environment starts every child afresh instead; so does
+anything the zygote cannot do (its start failed, a command line of another shape).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+READY_TIMEOUT_S = 120.0  # the zygote's imports, on a loaded machine
+REPLY_TIMEOUT_S = 30.0  # a fork's pid
+FORKED = ("worker", "server")  # the sub-commands the zygote has imported
+
+
+def forkable(argv: list[str]) -> tuple[str | None, list[str]] | None:
+    """(network namespace or None, psring's arguments) of ``[ip netns exec NS] python -m psring worker|server ...``
+    with this interpreter; None for any other command line."""
+    netns = None
+    if len(argv) > 4 and os.path.basename(argv[0]) == "ip" and argv[1:3] == ["netns", "exec"]:
+        netns, argv = argv[3], argv[4:]
+    if argv[:3] != [sys.executable, "-m", "psring"] or len(argv) < 4 or argv[3] not in FORKED:
+        return None
+    return netns, argv[3:]
+
+
+class ForkedProc:
+    """The part of ``subprocess.Popen`` the launcher uses, for a child of the zygote (not of this process: its
+    exit code comes over the zygote's reply pipe)."""
+
+    def __init__(self, zygote: Zygote, pid: int, args: list[str]):
+        self.zygote, self.pid, self.args, self.returncode = zygote, pid, args, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.zygote.collect(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.zygote.collect(left)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """A zygote process and the launcher's end of its socket (one request or reply per packet)."""
+
+    def __init__(self):
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "psring.launch.zygote", str(theirs.fileno())],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                         start_new_session=True)
+        finally:
+            theirs.close()
+        self.lock, self.error = threading.Lock(), None
+        self.pids: list[int] = []  # forks not yet handed out
+        self.procs: dict[int, ForkedProc] = {}
+        self.exits: dict[int, int] = {}  # exit codes that came before their pid was handed out
+        with self.lock:
+            ready = self._wait_for(lambda m: "ready" in m or "error" in m, READY_TIMEOUT_S)
+        self.ready = bool(ready) and "ready" in ready
+
+    def alive(self) -> bool:
+        return self.ready and self.proc.poll() is None
+
+    def spawn(self, args: list[str], env: dict, log: Path, terminal: bool, netns: str | None) -> ForkedProc:
+        req = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "netns": netns}).encode()
+        with open(log, "w") as f, self.lock:
+            fds = [f.fileno()] + ([1] if terminal else [])  # Popen(stdout=None): the launcher's fd 1 as it is now
+            socket.send_fds(self.sock, [req], fds)
+            if self._wait_for(lambda _: bool(self.pids), REPLY_TIMEOUT_S) is None:
+                raise OSError(f"the zygote forked no child within {REPLY_TIMEOUT_S:.0f} s")
+            proc = ForkedProc(self, self.pids.pop(0), args)
+            self.procs[proc.pid] = proc
+            proc.returncode = self.exits.pop(proc.pid, None)
+            return proc
+
+    def collect(self, timeout: float) -> None:
+        with self.lock:
+            self._read(timeout)
+
+    def _wait_for(self, done, timeout: float) -> dict | None:
+        """The first message ``done`` accepts (``{}``: what arrived before already did), or None at the timeout
+        or once the zygote is gone."""
+        deadline = time.monotonic() + timeout
+        while not done({}):
+            for msg in self._read(min(0.1, max(0.0, deadline - time.monotonic()))):
+                if done(msg):
+                    return msg
+            if time.monotonic() >= deadline or self.proc.poll() is not None:
+                return None
+        return {}
+
+    def _read(self, timeout: float) -> list[dict]:
+        """The replies that arrived within ``timeout``, applied (pids queued, exit codes set)."""
+        msgs = []
+        while select.select([self.sock], [], [], timeout)[0]:
+            timeout = 0.0
+            packet = self.sock.recv(1 << 16)
+            if not packet:  # the zygote is gone: its children went with it (PR_SET_PDEATHSIG)
+                for p in self.procs.values():
+                    p.returncode = -signal.SIGKILL if p.returncode is None else p.returncode
+                break
+            msg = json.loads(packet)
+            msgs.append(msg)
+            if "pid" in msg:
+                self.pids.append(msg["pid"])
+            elif "exit" in msg and msg["exit"] in self.procs:
+                self.procs.pop(msg["exit"]).returncode = msg["rc"]
+            elif "exit" in msg:
+                self.exits[msg["exit"]] = msg["rc"]
+            elif "error" in msg:
+                self.error = msg["error"]
+        return msgs
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote's EOF
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+_zygote: Zygote | None = None
+_start_lock = threading.Lock()
+
+
+def fork_child(argv: list[str], env: dict, log: Path, terminal: bool) -> ForkedProc | None:
+    """``argv`` forked from the zygote, or None where it cannot be (the caller starts it afresh)."""
+    global _zygote
+    shape = forkable(argv)
+    if shape is None or os.environ.get("PSRING_FORK", "1") == "0":
+        return None
+    with _start_lock:
+        if _zygote is None:
+            _zygote = Zygote()
+            atexit.register(_zygote.close)
+        if not _zygote.alive():
+            return None
+    netns, args = shape
+    try:
+        return _zygote.spawn(args, env, log, terminal, netns)
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,172 @@
+"""The zygote: one process that imports torch and psring's worker and server code once, then forks each
+``python -m psring worker|server`` the launcher starts, instead of every child paying the import itself.
+
+``import torch`` costs 1.3-2 s of CPU. A run of N workers and S servers on an emulated cluster paid it N + S times,
+all at once on the machine's cores (16 processes: 11 s of start-up on 2 cores, before a single step); forked from the
+zygote, a child starts in tens of milliseconds. The zygote only imports (no tensor op, no CUDA, no ZeroMQ context, no
+thread pool), so a fork of it is as safe as a DataLoader's worker; each child then sets up its own session,
+namespace, log, environment and threads as ``subprocess.Popen`` of ``children.py`` did.
+
+Protocol (``forked.Zygote`` is the launcher's end), over a Unix socket pair (the zygote's end is the fd its one
+argument names): a request is one JSON packet ``{"args", "env", "cwd", "netns"}`` carrying the child's log file and,
+where its stdout is the launcher's, the launcher's stdout (``SCM_RIGHTS``); the zygote answers ``{"pid"}`` for each
+fork and ``{"exit": pid, "rc"}`` when a child ends (``rc`` as ``Popen.returncode``: the exit code, or minus the
+signal). The zygote ends when the launcher's end closes (the launcher gone); its children, each with
+``PR_SET_PDEATHSIG``, go with it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+PRELOAD = ("setproctitle", "torch", "torch.distributed", "zmq", "psring.cli", "psring.train.trainer", "psring.sync.ps.server_main",
+           "psring.sync.ps.synchronizer", "psring.sync.ring", "psring.sync.allreduce", "psring.sync.hierarchical",
+           "psring.sync.ddp")
+CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
+MS_SLAVE, MS_REC, MNT_DETACH = 1 << 19, 1 << 14, 2
+PR_SET_PDEATHSIG = 1
+REAP_EVERY_S = 0.05
+MAX_REQUEST_BYTES = 1 << 20  # a request: the child's command line and environment
+
+
+def _libc():
+    return ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def enter_netns(name: str) -> None:
+    """What ``ip netns exec NAME`` does before it runs a command (iproute2's ``netns_switch``): join the network
+    namespace, then in a mount namespace of one's own, mount a /sys that shows its interfaces (``metrics.wire``
+    reads a link's counters there)."""
+    libc = _libc()
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        _check(libc.setns(fd, CLONE_NEWNET), f"setns into network namespace {name}")
+    finally:
+        os.close(fd)
+    _check(libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+    _check(libc.mount(b"", b"/", b"none", MS_SLAVE | MS_REC, None), "make / a slave mount")
+    libc.umount2(b"/sys", MNT_DETACH)  # (none mounted: fine, as for ip)
+    _check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mount the namespace's /sys")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _redirect(log: int, terminal: int | None) -> None:
+    """stdin from /dev/null, stderr to ``log``, stdout to the launcher's stdout (``terminal``) or ``log``: the
+    descriptors the launcher sent; both streams line-buffered, as ``PYTHONUNBUFFERED`` left them in a fresh child."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(terminal if terminal is not None else log, 1)
+    os.dup2(log, 2)
+    for fd in {log, terminal} - {None, 0, 1, 2}:
+        os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115 - the process's
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115 - own streams
+
+
+def _child(req: dict, fds: list[int], sock: socket.socket) -> None:
+    """In the forked child: become what ``Popen(argv, env=..., start_new_session=True)`` started; never returns."""
+    rc = 1
+    try:
+        os.setsid()
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a fresh interpreter has them
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        sock.close()
+        if req.get("netns"):
+            enter_netns(req["netns"])
+        os.chdir(req["cwd"])
+        _redirect(fds[0], fds[1] if len(fds) > 1 else None)
+        _title(req)  # (before the environment changes: setproctitle finds argv's memory beside the environment's)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+        sys.path[:0] = extra
+        sys.argv = ["psring", *req["args"]]
+        from psring.cli import main
+
+        rc = main(req["args"])
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as an interpreter would: the traceback in the log, exit code 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(rc if isinstance(rc, int) else 1)
+
+
+def _title(req: dict) -> None:
+    """The command line ``ps`` and ``/proc/PID/cmdline`` show: the one the child would have been started with, and
+    a worker's rank (its environment is the zygote's there, not the ``RANK`` it was given)."""
+    from setproctitle import setproctitle
+
+    rank = f" (rank {req['env']['RANK']})" if req["args"][0] == "worker" and "RANK" in req["env"] else ""
+    setproctitle(" ".join([sys.executable, "-m", "psring", *req["args"]]) + rank)
+
+
+def _reap(children: set[int], sock: socket.socket) -> None:
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        children.discard(pid)
+        _reply(sock, {"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+
+
+def _reply(sock: socket.socket, msg: dict) -> None:
+    sock.send(json.dumps(msg).encode())
+
+
+def serve(fd: int) -> int:
+    """Import, say so, then fork a child per request until the launcher's end of the socket closes."""
+    import importlib
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the zygote ends at EOF
+    sock = socket.socket(fileno=fd)
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001 - the launcher starts its children afresh instead
+        _reply(sock, {"error": f"{type(e).__name__}: {e}"})
+        return 1
+    _reply(sock, {"ready": os.getpid()})
+    children: set[int] = set()
+    while True:
+        if select.select([sock], [], [], REAP_EVERY_S)[0]:
+            msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, 2)
+            if not msg:
+                return 0
+            pid = os.fork()
+            if pid == 0:
+                _child(json.loads(msg), fds, sock)
+            for f in fds:
+                os.close(f)
+            children.add(pid)
+            _reply(sock, {"pid": pid})
+        _reap(children, sock)
+
+
+if __name__ == "__main__":
+    raise SystemExit(serve(int(sys.argv[1])))

@@ -1,0 +1,89 @@
+"""The zygote (``psring/launch/zygote.py``, ``forked.py``): the launcher's ``psring worker|server`` children are forks
+of one process that imported torch, and behave as the processes ``subprocess.Popen`` started: their command line
+in ``ps``, their log, environment, working directory and exit code, a signal's minus; ``PSRING_FORK=0`` and any
+other command line start afresh. (Every launching test runs its children this way; these pin the contract.)"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import wait_for
+from psring.launch.children import Children
+from psring.launch.forked import ForkedProc, forkable
+
+PY = [sys.executable, "-m", "psring"]
+
+
+def test_forkable_command_lines():
+    assert forkable([*PY, "worker", "--config", "c.json"]) == (None, ["worker", "--config", "c.json"])
+    assert forkable(["/usr/sbin/ip", "netns", "exec", "h0", *PY, "server", "-n", "2"]) == ("h0", ["server", "-n", "2"])
+    for other in ([*PY, "train"], [sys.executable, "-m", "psring.net.links"], ["python3", "-m", "psring", "worker"],
+                  ["ip", "netns", "exec", "h0", "sh", "-c", "true"], PY):
+        assert forkable(other) is None, other
+
+
+def _server(tmp_path: Path, name: str) -> list[str]:
+    return [*PY, "server", "--workers", "1", "--port", "0", "--bind", "127.0.0.1", "--port-file",
+            str(tmp_path / f"{name}.addr"), "--idle-timeout", "60"]
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def test_a_forked_server_looks_and_ends_like_a_started_one(tmp_path, monkeypatch):
+    kids = Children()
+    try:
+        monkeypatch.chdir(tmp_path)
+        child = kids.spawn("server 0", _server(tmp_path, "s0"), {"PSRING_PROBE": "x", "PATH": "/usr/bin:/bin"},
+                           tmp_path / "logs" / "s0.log")
+        assert isinstance(child.proc, ForkedProc)
+        wait_for(lambda: (tmp_path / "s0.addr").exists(), 60, "the forked server to listen")
+        assert _cmdline(child.proc.pid) == " ".join(_server(tmp_path, "s0"))
+        assert Path(f"/proc/{child.proc.pid}/cwd").resolve() == tmp_path.resolve()
+        assert child.returncode is None and child.proc.poll() is None
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.proc.wait(0.2)
+        child.proc.send_signal(signal.SIGKILL)  # (a server turns SIGTERM into exit code 143 itself)
+        assert child.proc.wait(30) == -signal.SIGKILL and child.returncode == -signal.SIGKILL
+    finally:
+        kids.stop_all()
+
+
+def test_exit_codes_and_logs_of_forked_children(tmp_path):
+    kids = Children()
+    try:
+        bad = kids.spawn("server 1", [*PY, "server", "--workers", "0"], {}, tmp_path / "bad.log")
+        assert isinstance(bad.proc, ForkedProc)
+        assert bad.proc.wait(30) == 2
+        assert "workers" in (tmp_path / "bad.log").read_text()  # its one-line error, in its own log
+    finally:
+        kids.stop_all()
+
+
+def test_psring_fork_0_and_other_commands_start_afresh(tmp_path, monkeypatch):
+    kids = Children()
+    try:
+        other = kids.spawn("echo", [sys.executable, "-c", "print('afresh')"], {}, tmp_path / "echo.log")
+        assert isinstance(other.proc, subprocess.Popen) and other.proc.wait(30) == 0
+        monkeypatch.setenv("PSRING_FORK", "0")
+        fresh = kids.spawn("server 2", [*PY, "server", "--workers", "0"], {}, tmp_path / "fresh.log")
+        assert isinstance(fresh.proc, subprocess.Popen) and fresh.proc.wait(60) == 2
+    finally:
+        kids.stop_all()
+    assert (tmp_path / "echo.log").read_text() == "afresh\n"
+
+
+def test_stop_all_stops_forked_children(tmp_path):
+    kids = Children()
+    child = kids.spawn("server 3", _server(tmp_path, "s3"), {}, tmp_path / "s3.log")
+    wait_for(lambda: (tmp_path / "s3.addr").exists(), 60, "the forked server to listen")
+    t0 = time.monotonic()
+    kids.stop_all(grace_s=5)
+    assert child.returncode is not None and time.monotonic() - t0 < 10
+    assert not Path(f"/proc/{child.proc.pid}").exists() or "zombie" in Path(f"/proc/{child.proc.pid}/status").read_text()
