@@ -151,6 +151,11 @@ def serve(fd: int) -> int:
     except Exception as e:  # noqa: BLE001 - the launcher starts its children afresh instead
         _reply(sock, {"error": f"{type(e).__name__}: {e}"})
         return 1
+    import torch
+
+    if torch.cuda.is_initialized():  # a fork of a process with a CUDA context cannot use CUDA: start afresh
+        _reply(sock, {"error": "CUDA was initialised while importing; workers start afresh"})
+        return 1
     _reply(sock, {"ready": os.getpid()})
     children: set[int] = set()
     while True:
