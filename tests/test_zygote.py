@@ -4,6 +4,7 @@ in ``ps``, their log, environment, working directory and exit code, a signal's m
 other command line start afresh. (Every launching test runs its children this way; these pin the contract.)"""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -87,3 +88,32 @@ def test_stop_all_stops_forked_children(tmp_path):
     kids.stop_all(grace_s=5)
     assert child.returncode is not None and time.monotonic() - t0 < 10
     assert not Path(f"/proc/{child.proc.pid}").exists() or "zombie" in Path(f"/proc/{child.proc.pid}/status").read_text()
+
+
+def test_a_forked_worker_imports_a_model_from_its_own_working_directory(tmp_path, monkeypatch):
+    """``--model MODULE:FACTORY`` from the directory the run starts in (``train.factory`` looks in the working
+    directory), though the zygote started elsewhere: a fork works where its launcher does, not where the zygote
+    began."""
+    from psring.config import TrainConfig
+    from psring.launch.launcher import free_port
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "cwdmodel.py").write_text("from torch import nn\n\n\ndef build():\n"
+                                          "    return nn.Sequential(nn.Flatten(), nn.Linear(3 * 32 * 32, 10))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # (for this process's check of the config only)
+    cfg = TrainConfig(model="cwdmodel:build", sync="none", workers=1, steps=2, out=str(tmp_path / "out")).validate()
+    cfg.save(tmp_path / "config.json")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    kids = Children()
+    try:
+        monkeypatch.chdir(tmp_path / "elsewhere")  # where the zygote starts, if no test before started it
+        kids.spawn("server 4", [*PY, "server", "--workers", "0"], {}, tmp_path / "warm.log").proc.wait(60)
+        monkeypatch.chdir(tmp_path)
+        child = kids.spawn("worker 0", [*PY, "worker", "--config", str(tmp_path / "config.json")], env,
+                           tmp_path / "worker.log")
+        assert isinstance(child.proc, ForkedProc)
+        assert child.proc.wait(120) == 0, (tmp_path / "worker.log").read_text()[-2000:]
+    finally:
+        kids.stop_all()
+    assert "step     1/2" in (tmp_path / "worker.log").read_text()

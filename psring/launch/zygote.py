@@ -32,6 +32,7 @@ MS_SLAVE, MS_REC, MNT_DETACH = 1 << 19, 1 << 14, 2
 PR_SET_PDEATHSIG = 1
 REAP_EVERY_S = 0.05
 MAX_REQUEST_BYTES = 1 << 20  # a request: the child's command line and environment
+STARTED_IN = os.getcwd()  # the zygote's working directory, where ``python -m`` pointed sys.path[0]
 
 
 def _libc():
@@ -84,13 +85,15 @@ def _child(req: dict, fds: list[int], sock: socket.socket) -> None:
         for sig in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
         sock.close()
+        _redirect(fds[0], fds[1] if len(fds) > 1 else None)  # first: what fails below is in the child's log
         if req.get("netns"):
             enter_netns(req["netns"])
         os.chdir(req["cwd"])
-        _redirect(fds[0], fds[1] if len(fds) > 1 else None)
         _title(req)  # (before the environment changes: setproctitle finds argv's memory beside the environment's)
         os.environ.clear()
         os.environ.update(req["env"])
+        if sys.path and sys.path[0] == STARTED_IN:  # ``-m``'s first entry: the working directory, the child's own
+            sys.path[0] = req["cwd"]
         extra = [p for p in req["env"].get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
         sys.path[:0] = extra
         sys.argv = ["psring", *req["args"]]
