@@ -90,6 +90,8 @@ class Zygote:
         with self.lock:
             ready = self._wait_for(lambda m: "ready" in m or "error" in m, READY_TIMEOUT_S)
         self.ready = bool(ready) and "ready" in ready
+        if not self.ready:  # (slow or failed: the launcher starts its children afresh)
+            self.proc.kill()
 
     def alive(self) -> bool:
         return self.ready and self.proc.poll() is None
@@ -100,6 +102,10 @@ class Zygote:
             fds = [f.fileno()] + ([1] if terminal else [])  # Popen(stdout=None): the launcher's fd 1 as it is now
             socket.send_fds(self.sock, [req], fds)
             if self._wait_for(lambda _: bool(self.pids), REPLY_TIMEOUT_S) is None:
+                # no fork it could still make behind the launcher's back (a second worker of one rank): the zygote
+                # goes, its children with it; the caller starts this child afresh and watches the others fail
+                self.ready = False
+                self.proc.kill()
                 raise OSError(f"the zygote forked no child within {REPLY_TIMEOUT_S:.0f} s")
             proc = ForkedProc(self, self.pids.pop(0), args)
             self.procs[proc.pid] = proc
