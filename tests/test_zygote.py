@@ -117,3 +117,24 @@ def test_a_forked_worker_imports_a_model_from_its_own_working_directory(tmp_path
     finally:
         kids.stop_all()
     assert "step     1/2" in (tmp_path / "worker.log").read_text()
+
+
+def test_a_zygote_that_cannot_start_leaves_children_to_start_afresh(tmp_path, monkeypatch):
+    from psring.launch import forked
+
+    tries = []
+
+    def no_socket_pair():
+        tries.append(1)
+        raise OSError("no SOCK_SEQPACKET here")
+
+    monkeypatch.setattr(forked, "_zygote", None)  # (this process's own one is put back afterwards)
+    monkeypatch.setattr(forked, "Zygote", no_socket_pair)
+    kids = Children()
+    try:
+        for i in range(2):  # the failed start is remembered: not tried again for the second child
+            child = kids.spawn(f"server {i}", [*PY, "server", "--workers", "0"], {}, tmp_path / f"s{i}.log")
+            assert isinstance(child.proc, subprocess.Popen) and child.proc.wait(60) == 2
+        assert forked._zygote is False and len(tries) == 1
+    finally:
+        kids.stop_all()

@@ -159,7 +159,7 @@ class Zygote:
             self.proc.wait()
 
 
-_zygote: Zygote | None = None
+_zygote: Zygote | bool | None = None  # False: it could not start
 _start_lock = threading.Lock()
 
 
@@ -167,13 +167,17 @@ def fork_child(argv: list[str], env: dict, log: Path, terminal: bool) -> ForkedP
     """``argv`` forked from the zygote, or None where it cannot be (the caller starts it afresh)."""
     global _zygote
     shape = forkable(argv)
-    if shape is None or os.environ.get("PSRING_FORK", "1") == "0":
-        return None
+    if shape is None or os.environ.get("PSRING_FORK", "1") == "0" or not sys.platform.startswith("linux"):
+        return None  # (the zygote's child needs Linux: prctl, setns, SOCK_SEQPACKET)
     with _start_lock:
         if _zygote is None:
-            _zygote = Zygote()
+            try:
+                _zygote = Zygote()
+            except OSError:  # no socket pair, no process: start afresh, now and later
+                _zygote = False
+                return None
             atexit.register(_zygote.close)
-        if not _zygote.alive():
+        if not _zygote or not _zygote.alive():
             return None
     netns, args = shape
     try:
