@@ -72,23 +72,11 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pids_of(out: Path, role: str, index: int) -> list[int]:
-    """PIDs of ``worker i`` / ``server i`` of the run writing to ``out``: by the command line each shows, started
-    afresh or forked from the zygote (``launch/zygote.py``: the command line it replaces, a worker's rank after it)."""
-    found = []
-    for pid in processes_mentioning(str(out)):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd[1:3] != ["-m", "psring"] or len(cmd) < 4 or cmd[3] != role:
-            continue
-        if role == "server" and any(a.endswith(f"server{index}.addr") for a in cmd):
-            found.append(pid)
-        forked = cmd[-2] == "(rank"
-        if role == "worker" and (cmd[-1] == f"{index})" if forked else f"RANK={index}".encode() in env):
-            found.append(pid)
-    return found
+    """PIDs of ``worker i`` / ``server i`` of the run writing to ``out``, started afresh or forked from the zygote
+    (``launch.chaos.role_of`` tells them apart)."""
+    from psring.launch.chaos import role_of
+
+    return [pid for pid in processes_mentioning(str(out)) if role_of(pid) == f"{role} {index}"]
 
 
 def processes_mentioning(text: str) -> list[int]:

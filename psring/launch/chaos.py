@@ -11,39 +11,50 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
 from pathlib import Path
 
+from .zygote import RANK_TITLE
+
+_TITLED_RANK = re.compile(re.escape(RANK_TITLE).replace(re.escape("{}"), r"(\d+)") + "$")
+
+
+def role_of(pid: int) -> str | None:
+    """``"worker R"`` or ``"server I"`` for a psring worker or server, started afresh (its rank in ``RANK=`` of its
+    environment) or forked from the zygote (its rank in the title ``zygote.RANK_TITLE`` ends its command line
+    with); None for any other process, or one that is gone."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").split()
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    if args[1:3] != ["-m", "psring"] or len(args) < 4 or args[3] not in ("worker", "server"):
+        return None
+    if args[3] == "server":
+        port_file = next((a for a in args if a.endswith(".addr")), "server?.addr")
+        return "server " + Path(port_file).stem.removeprefix("server")
+    titled = _TITLED_RANK.search(" ".join(args))
+    return "worker " + (titled.group(1) if titled else next(
+        (e[5:].decode() for e in env if e.startswith(b"RANK=")), "?"))
+
 
 def children_of(pid: int) -> dict[int, str]:
     """The launcher's psring processes: ``{pid: "worker R" | "server I"}``: its children, and the children of its
-    zygote (``zygote.py``: forks that show the command line they replace, a worker's rank after it)."""
-    parent, argv, env = {}, {}, {}
+    zygote (``zygote.py``)."""
+    parent = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
             parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            argv[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").split()
-            env[int(d.name)] = (d / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
     mine = {p for p, pp in parent.items() if pp == pid}
     mine |= {p for p, pp in parent.items() if pp in mine}
-    found = {}
-    for p in sorted(mine & argv.keys()):
-        args = argv[p]
-        if b"worker" in args:
-            titled = args[-2:][0] == b"(rank" if len(args) > 1 else False
-            rank = args[-1][:-1].decode() if titled else next(
-                (e[5:].decode() for e in env[p] if e.startswith(b"RANK=")), "?")
-            found[p] = f"worker {rank}"
-        elif b"server" in args:
-            port_file = next((a.decode() for a in args if a.endswith(b".addr")), "server?.addr")
-            found[p] = "server " + Path(port_file).stem.removeprefix("server")
-    return found
+    return {p: role for p in sorted(mine) if (role := role_of(p)) is not None}
 
 
 def _alive(pid: int) -> bool:

@@ -38,7 +38,7 @@ def forkable(argv: list[str]) -> tuple[str | None, list[str]] | None:
 
 class ForkedProc:
     """The part of ``subprocess.Popen`` the launcher uses, for a child of the zygote (not of this process: its
-    exit code comes over the zygote's reply pipe)."""
+    exit code comes over the zygote's socket)."""
 
     def __init__(self, zygote: Zygote, pid: int, args: list[str]):
         self.zygote, self.pid, self.args, self.returncode = zygote, pid, args, None
@@ -83,7 +83,7 @@ class Zygote:
                                          start_new_session=True)
         finally:
             theirs.close()
-        self.lock, self.error = threading.Lock(), None
+        self.lock = threading.Lock()
         self.pids: list[int] = []  # forks not yet handed out
         self.procs: dict[int, ForkedProc] = {}
         self.exits: dict[int, int] = {}  # exit codes that came before their pid was handed out
@@ -146,8 +146,6 @@ class Zygote:
                 self.procs.pop(msg["exit"]).returncode = msg["rc"]
             elif "exit" in msg:
                 self.exits[msg["exit"]] = msg["rc"]
-            elif "error" in msg:
-                self.error = msg["error"]
         return msgs
 
     def close(self) -> None:

@@ -32,6 +32,7 @@ MS_SLAVE, MS_REC, MNT_DETACH = 1 << 19, 1 << 14, 2
 PR_SET_PDEATHSIG = 1
 REAP_EVERY_S = 0.05
 MAX_REQUEST_BYTES = 1 << 20  # a request: the child's command line and environment
+RANK_TITLE = " (rank {})"  # after a forked worker's command line (``chaos.role_of`` reads it back)
 STARTED_IN = os.getcwd()  # the zygote's working directory, where ``python -m`` pointed sys.path[0]
 
 
@@ -122,7 +123,7 @@ def _title(req: dict) -> None:
     a worker's rank (its environment is the zygote's there, not the ``RANK`` it was given)."""
     from setproctitle import setproctitle
 
-    rank = f" (rank {req['env']['RANK']})" if req["args"][0] == "worker" and "RANK" in req["env"] else ""
+    rank = RANK_TITLE.format(req["env"]["RANK"]) if req["args"][0] == "worker" and "RANK" in req["env"] else ""
     setproctitle(" ".join([sys.executable, "-m", "psring", *req["args"]]) + rank)
 
 
