@@ -26,7 +26,7 @@ from ..compress.spec import NONE
 from ..config import ConfigError, TrainConfig
 from ..fileio import write_atomic
 from ..metrics.summary import finalize_run
-from .checks import DEFAULT_ALPHA_US, burst_bytes, check, overlapped, parse_jitter  # noqa: F401 - also the API
+from .checks import DEFAULT_ALPHA_US, burst_bytes, check, overlapped, parse_jitter
 from .network import Network
 from .plans import bucket_numels, layout_of, link_Bps, ps_plan
 from .profile import NO_JITTER

@@ -27,8 +27,9 @@ import pandas as pd
 
 from ..config import ConfigError, TrainConfig
 from ..metrics.cpu import SATURATED
+from .checks import check, overlapped
 from .records import measured_update_s
-from .run import check, overlapped, simulate
+from .run import simulate
 
 FOLDERS = ("bandwidth", "servers", "topology", "ring", "models", "overlap", "compression_sync", "visible",
            "compare_emulated", "bandwidth_hidden", "bandwidth_repeats", "consistency_emulated")

@@ -140,7 +140,8 @@ def async_summary(cfg, jitter: str, alpha_s: float) -> dict:
     import pandas as pd
 
     from ..metrics.summary import summarize
-    from .run import check, compute_times, parse_jitter
+    from .checks import check, parse_jitter
+    from .run import compute_times
 
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
     records = async_records(cfg, compute, async_of(cfg, alpha_s))

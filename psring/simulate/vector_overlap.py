@@ -29,7 +29,7 @@ def vector_overlap_of(cfg, alpha_s: float, tuned: dict | None = None, readiness:
     from .overlapped import Plan, partition_bytes, unit_ranges
     from .plans import layout_of, link_Bps
     from .profile import param_weights
-    from .run import burst_bytes
+    from .checks import burst_bytes
     from .vector import VectorHierarchy, VectorRing
 
     model = strategies.attr(cfg.sync, "cost_model")

@@ -154,7 +154,8 @@ def lockstep_summary(cfg, jitter: str, alpha_s: float) -> dict:
 
     from ..metrics.summary import summarize
     from .records import vector_records
-    from .run import check, compute_times, parse_jitter
+    from .checks import check, parse_jitter
+    from .run import compute_times
 
     compute = compute_times(cfg, check(cfg), parse_jitter(jitter))
     records = vector_records(cfg, compute, vector_ps_of(cfg, alpha_s))
