@@ -20,7 +20,7 @@ from . import config_checks as checks
 from . import strategies
 from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
 from .config_choices import (  # noqa: F401 - re-exported: psring.config is where callers look
-    MODELS, DATASETS, BACKENDS, OPTIMIZERS, PARTITIONS, CONSISTENCY, PS_DESIGNS, NETS, PS_PLACEMENTS,
+    MODELS, DATASETS, BACKENDS, OPTIMIZERS, PARTITIONS, CONSISTENCY, PS_DESIGNS, PS_ORDERS, NETS, PS_PLACEMENTS,
     OVERLAPS, TUNINGS, BUFFERS, DEFAULT_STEPS, NUM_CLASSES, CIFAR_SIZE, IMAGENET_SIZE, IMAGENET_MODELS,
     SECTIONS, owners, section_titles)
 
@@ -108,6 +108,10 @@ class TrainConfig:
                                      "thread of their own (default: max(2, N/2) chunks on --net emulated, --overlap backward|"
                                      "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
                                      section="ps", check=at_least(0, " (0 = FIFO per server)"))
+    ps_order: str = opt("planned", "the pushes' order under credits where the link is known: every step after the "
+                        "second in the order a link of its rate serves the second one by priority (TicTac's fixed "
+                        "order), or priority: the ready chunk nearest the input whenever a credit frees",
+                        section="ps", choices=PS_ORDERS)
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
     consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
                            section="ps", choices=CONSISTENCY)
@@ -282,7 +286,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: Path) -> TrainConfig:
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
+            return cls.from_dict(strategies.as_run(json.loads(Path(path).read_text())))
         except (OSError, json.JSONDecodeError, TypeError) as e:
             raise ConfigError(f"cannot read config {path}: {e}") from None
 

@@ -11,6 +11,7 @@ OPTIMIZERS = ("sgd", "adam")
 PARTITIONS = ("uniform", "stratified", "random")
 CONSISTENCY = ("bsp", "ssp", "asp")
 PS_DESIGNS = ("server-optimizer", "aggregate")
+PS_ORDERS = ("priority", "planned")  # --ps-order: the pushes' order under credits
 NETS = ("loopback", "emulated")
 PS_PLACEMENTS = ("dedicated", "colocated", "mixed")
 OVERLAPS = strategies.OVERLAPS  # none | backward | full

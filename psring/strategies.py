@@ -160,7 +160,7 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                    curve=cfg.curve, window=cfg.ps_window,
                    links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate,
                                                 cfg.link_tuning),
-                   compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
+                   compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb, order=cfg.ps_order,
                    link_tuning=cfg.link_tuning,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers),
                    shared_cores=_shared_cores(cfg))
@@ -225,3 +225,16 @@ def attr(name, field: str, default=None):
 
 def baseline_name() -> str:
     return where(baseline=True)[0]
+
+
+# Options added with a default other than what the runs made before them did, for the strategies with servers:
+# a saved config.json without the key ran with this value.
+SERVERS_BEFORE = {"ps_order": "priority"}  # --ps-order planned, the default since 2026-12-06
+
+
+def as_run(saved):
+    """A saved ``config.json`` as its run ran: the options added since with a new default (``SERVERS_BEFORE``)
+    at the value the run had (``TrainConfig.load``, ``sweep.is_finished``)."""
+    if isinstance(saved, dict) and saved.get("sync") in REGISTRY and REGISTRY[saved["sync"]].servers:
+        saved = {**SERVERS_BEFORE, **saved}
+    return saved

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # config.json's keys, in order: committed runs are compared against new configs (sweep.is_finished)
 KEYS = ["sync", "workers", "servers", "model", "dataset", "num_samples", "data_dir", "partition", "batch_size",
         "steps", "seed", "augment", "optim", "threads", "backend", "timeout_s", "log_every", "warmup", "trace",
-        "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "ps_credit_mb", "consistency", "staleness",
+        "bucket_mb", "first_bucket_mb", "overlap", "frame_kb", "ps_window", "ps_credit_mb", "ps_order", "consistency", "staleness",
         "ps_design", "curve", "checkpoint_every", "resume", "straggler", "eval", "net", "link_rate",
         "server_link_rate", "link_delay", "compute", "out", "ps_addrs",
         "compress", "error_feedback", "ps_placement", "workers_per_host", "link_sample_ms", "epochs", "link_burst", "link_cc", "link_tuning",
@@ -129,7 +129,8 @@ def test_refusals_are_one_line(args, needle):
 
 
 # a value off the default for every option of the ps section
-OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "ps_credit_mb": 1.0, "consistency": "ssp",
+OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "ps_credit_mb": 1.0, "ps_order": "priority",
+       "consistency": "ssp",
        "staleness": 3, "ps_design": "aggregate", "curve": "keys", "ps_placement": "colocated"}
 
 

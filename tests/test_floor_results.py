@@ -63,9 +63,17 @@ def test_overlap_floor_claims():
 def test_ps_schedule_replay_claims():
     """results/overlap_floor/ps_schedule_replay.csv (benchmarks/ps_schedule_replay.py): with `full`, the PS's own
     schedule replayed with no CPU is 1.13x its bound at psring's 474 KiB chunk whatever the credits (1.12-1.17x for
-    1-8 chunks), within 1.10x from 256 KiB down and 1.02x at 128 KiB; with `backward` 1.06x at its chunk."""
+    1-8 chunks), within 1.10x from 256 KiB down and 1.02x at 128 KiB; with `backward` 1.06x at its chunk. Under
+    `--ps-order planned` (every worker's order planned from step 2's timing) 1.07x and 1.04x at its chunk, and
+    below the priority pump's from 192 KiB up (at 128 KiB, where a worker's chunks hardly queue, within 0.02)."""
     df = pd.read_csv(RESULTS / "overlap_floor" / "ps_schedule_replay.csv")
+    planned = df[df["ps_order"] == "planned"].set_index(["overlap", "chunk_bytes"])["step_over_bound"]
+    df = df[df["ps_order"] == "priority"]
     full, back = df[df["overlap"] == "full"], df[df["overlap"] == "backward"]
+    assert abs(planned["full", 485376] - 1.07) < 0.005 and abs(planned["backward", 485376] - 1.04) < 0.005
+    prio = df[df["credit_chunks"] == 2].set_index(["overlap", "chunk_bytes"])["step_over_bound"]
+    big = planned[planned.index.get_level_values(1) > 128 << 10]
+    assert len(planned) == 10 and (big < prio[big.index]).all() and (planned - prio[planned.index]).max() < 0.02
     own = full[full["chunk_bytes"] == 485376].set_index("credit_chunks")["step_over_bound"]
     assert sorted(own.index) == [1, 2, 4, 8] and own.between(1.12, 1.17).all() and abs(own[2] - 1.13) < 0.005
     ladder = full[full["credit_chunks"] == 2].set_index("chunk_bytes")["step_over_bound"]

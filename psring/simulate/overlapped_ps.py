@@ -4,7 +4,9 @@
 * with credits (``credit`` bytes > 0, ``sharding.credit_bytes``): the priority scheduler's pump pushes the
   ready chunk nearest the model's input first (the highest index) while fewer than ``credit`` bytes of this
   worker's pushes are not yet acked; a server acks a push the moment it has read it, on the connection its
-  replies take (so an ack waits behind the replies queued before it);
+  replies take (so an ack waits behind the replies queued before it). Under ``--ps-order planned``, with
+  the worker's link known (``link_Bps``), each worker's steps after ``transport.PLAN_STEP`` push in the order ``transport.push_order``
+  plans from that step's ready times, each chunk waiting for its turn;
 * without: per server, its chunks in order as they become ready, at most ``window`` unanswered (0: no limit).
 
 A server answers chunk c to every worker (FIFO per connection) once all N pushes of it are in; the update is
@@ -13,14 +15,16 @@ free. ``unit_done(worker, step, chunk)`` when a reply arrives.
 from __future__ import annotations
 
 from .. import costmodel as cm
+from ..sync.ps.transport import PLAN_STEP, push_order
 from .programs import Connections
 
 ACK_BYTES = 64  # a pushpull's ack: a msgpack header in one frame
 
 
 def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
-    """(chunk ranges, window, credit bytes) as ``PSSync`` plans them: ``run.ps_ranges``' chunks and window,
-    and ``sharding.credit_bytes`` for the biggest chunk, as the worker's transport gets them."""
+    """(chunk ranges, window, credit bytes, the worker's link in bytes/s or None) as ``PSSync`` plans them:
+    ``run.ps_ranges``' chunks and window, and ``sharding.credit_bytes`` for the biggest chunk, as the worker's
+    transport gets them."""
     from ..sync.ps.sharding import credit_bytes, credit_chunks
     from .plans import ps_ranges
 
@@ -28,14 +32,15 @@ def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
     biggest = max((r.end - r.start) * layout[0].dtype.itemsize for r in ranges)
     credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, cfg.workers, cfg.servers), biggest)
-    return ranges, window, credit
+    return ranges, window, credit, links[0] if links and cfg.ps_order == "planned" else None
 
 
 class OverlapPS:
     def __init__(self, net, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
-                 window: int, credit: int, unit_done):
+                 window: int, credit: int, unit_done, link_Bps: float | None = None):
         self.net, self.host_of, self.server_host, self.unit_done = net, host_of, server_host, unit_done
         self.chunks, self.window, self.credit = chunks, window, credit
+        self.link_Bps = link_Bps if credit else None
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
         n = len(host_of)
         self._fifo = Connections(net).send  # (worker, "up"|"down", server): its messages one after the other
@@ -44,6 +49,9 @@ class OverlapPS:
         self.next: dict = {}  # (worker, server) -> index into per_server of its next push (FIFO)
         self.unanswered: dict = {}  # (worker, server) -> pushes without a reply (FIFO under the window)
         self.arrived: dict = {}  # (step, chunk) -> pushes in at its server
+        self.handed: list[dict] = [{} for _ in range(n)]  # chunk -> when it was ready in step PLAN_STEP
+        self.order: list[list[int] | None] = [None] * n  # each worker's planned push order, once planned
+        self.turn: dict = {}  # (worker, step) -> the position of its next push in the order
 
     def step_bytes(self, w: int) -> float:
         return float(sum(nbytes for _, nbytes in self.chunks))
@@ -51,14 +59,38 @@ class OverlapPS:
     def launch(self, w: int, step: int, c: int) -> None:
         """Chunk c of ``step`` is ready on worker w."""
         self.ready[w].add((step, c))
+        if step == PLAN_STEP and self.link_Bps:
+            self._plan(w, c)
         if self.credit:
             self._pump(w)
         else:
             self._push_fifo(w, self.chunks[c][0], step)
 
+    def _plan(self, w: int, c: int) -> None:
+        """Worker w's push order from step PLAN_STEP's ready times, once all of them are in (the worker
+        plans at that step's end: the order is the same)."""
+        self.handed[w][c] = self.net.now
+        if len(self.handed[w]) == len(self.chunks):
+            first = min(self.handed[w].values())
+            handed = [self.handed[w][i] - first for i in range(len(self.chunks))]
+            self.order[w] = push_order(handed, [nbytes for _, nbytes in self.chunks], self.link_Bps)
+
+    def _next(self, w: int) -> tuple[int, int] | None:
+        """(step, chunk) worker w pushes next: its oldest step's next in the planned order once it is ready
+        (steps after PLAN_STEP), else the oldest step's ready chunk nearest the input."""
+        step, c = max(self.ready[w], key=lambda x: (-x[0], x[1]))  # this step's nearest the input
+        if step <= PLAN_STEP or self.order[w] is None:
+            return step, c
+        k = self.turn.get((w, step), 0)
+        want = self.order[w][k] if k < len(self.order[w]) else None
+        if (step, want) not in self.ready[w]:
+            return None
+        self.turn[w, step] = k + 1
+        return step, want
+
     def _pump(self, w: int) -> None:
-        while self.ready[w] and self.unacked[w] < self.credit:
-            step, c = max(self.ready[w], key=lambda x: (-x[0], x[1]))  # this step's nearest the input
+        while self.ready[w] and self.unacked[w] < self.credit and (nxt := self._next(w)) is not None:
+            step, c = nxt
             self.ready[w].discard((step, c))
             self.unacked[w] += self.chunks[c][1]
             self._push(w, step, c)

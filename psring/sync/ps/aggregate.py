@@ -42,7 +42,8 @@ class PSAggregate(Reducer):
                  timeout_s: float, frame_kb: int, semantics: Semantics, curve: str | None = None,
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
                  error_feedback: bool = True, shares: list[float] | None = None, credit_mb: float | None = None,
-                 overlap: str = "backward", link_tuning: str = "auto", shared_cores: int | None = None):
+                 overlap: str = "backward", link_tuning: str = "auto", shared_cores: int | None = None,
+                 order: str = "planned"):
         super().__init__(rank, world, device)
         self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)
@@ -50,6 +51,7 @@ class PSAggregate(Reducer):
         self.frame_bytes = session.frame_bytes(frame_kb)
         self.semantics, self.curve, self.links_Bps = semantics, curve, links_Bps
         self.window_opt, self.credit_mb, self.overlap, self.link_tuning = window, credit_mb, overlap, link_tuning
+        self.order = order
         self.shared_cores = shared_cores
         self.client: PSClient | None = None
 
@@ -71,7 +73,8 @@ class PSAggregate(Reducer):
             frame_bytes=self.frame_bytes, curve=self.curve, window=self.window, optim=self.optim_cfg,
             semantics=self.semantics, resume=self.resume, compress=self.compress, error_feedback=self.error_feedback,
             resume_rank=self.resume_rank, credit_mb=self.credit_mb, overlap=self.overlap,
-            client=self.probed, credit_chunks=credit_chunks(self.links_Bps, self.world, len(self.addrs)))
+            client=self.probed, links_Bps=self.links_Bps, order=self.order,
+            credit_chunks=credit_chunks(self.links_Bps, self.world, len(self.addrs)))
         self.tuned.update(session.chunk_fit(buckets, self.drain, self.shared_cores))
         # fp16/bf16: servers answer with the mean in that dtype (``store.reply``); ReduceSync wants the sum
         codec = self.tr.codec

@@ -100,6 +100,7 @@ class PSComm:
         (traced: woken per chunk, it once pushed the lowest of six ready together first, and the other
         worker, which had seen them all, pushed that one last)."""
         self.handed += 1
+        self.tr.handed(b)
         self.incoming.append(b)
 
     def wake(self) -> None:

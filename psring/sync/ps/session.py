@@ -88,20 +88,24 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
                 timeout_s: float, frame_bytes: int | None, curve: str | None, window: int, optim,
                 semantics: Semantics, resume: tuple[dict, int] | None, compress: str = NONE,
                 error_feedback: bool = True, resume_rank: dict | None = None, credit_mb: float | None = None,
-                overlap: str = "backward", credit_chunks: int = 0,
-                client: PSClient | None = None) -> tuple[PSClient, ChunkTransport, object]:
+                overlap: str = "backward", credit_chunks: int = 0, client: PSClient | None = None,
+                links_Bps: tuple[float, float] | None = None,
+                order: str = "planned") -> tuple[PSClient, ChunkTransport, object]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that
     step whose byte counts begin after it, and the channel it runs on (``channel``). ``resume_rank``: this
     rank's ``feedback_state`` of the checkpoint. ``credit_mb``, ``overlap``, ``credit_chunks`` (the default
     credits, ``sharding.credit_chunks``: 0 where the link is unknown or the servers' side is the narrow
-    one): the priority scheduler's credits (``sharding.credit_bytes``; 0: none). ``client``: one already connected (the probe's)."""
+    one): the priority scheduler's credits (``sharding.credit_bytes``; 0: none). ``client``: one already connected (the probe's).
+    ``links_Bps``: the (worker, server) links told or probed, whose worker side plans the push order under
+    credits where ``order`` (``--ps-order``) is ``planned`` (``transport.push_order``)."""
     aggregate = semantics.design == "aggregate"
     client = client or PSClient(addrs, rank, timeout_s, frame_bytes, curve)
     codec = None if compress == NONE else parse(compress, error_feedback)
     credit = credit_bytes(credit_mb, overlap, credit_chunks, max(b.nbytes for b in buckets))
-    tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit)
+    tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit,
+                        links_Bps[0] if links_Bps and order == "planned" else None)
     start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
     init = {"optim": optim_header(optim), **semantics.header(), "codec": compress}
     for mine, vals in zip(tr.chunks, start(client, rank, layout, tr.chunks, init, start_step, opt_state)):

@@ -50,7 +50,7 @@ class PSSync(Synchronizer):
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
                  shares: list[float] | None = None, credit_mb: float | None = None, link_tuning: str = "auto",
-                 shared_cores: int | None = None):
+                 shared_cores: int | None = None, order: str = "planned"):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
@@ -58,7 +58,8 @@ class PSSync(Synchronizer):
         one server too, splitting tensors) and sent under a window of credits.
         ``window``: the most pushpulls of this worker unanswered at one server; 0: no limit; None:
         ``sharding.window_for`` (no limit where the links are unknown). ``shared_cores``: the cores
-        every worker and server share (an emulated cluster), which cap how small the chunks get."""
+        every worker and server share (an emulated cluster), which cap how small the chunks get. ``order``:
+        ``--ps-order`` (``transport.push_order``)."""
         super().__init__(rank, world, device)
         session.check_addrs(addrs)
         self.semantics = check_semantics("server-optimizer", consistency, staleness)
@@ -69,6 +70,7 @@ class PSSync(Synchronizer):
         self.client: PSClient | None = None
         self.links_Bps, self.compress, self.error_feedback, self.shares = links_Bps, compress, error_feedback, shares
         self.window_opt, self.credit_mb, self.link_tuning, self.shared_cores = window, credit_mb, link_tuning, shared_cores
+        self.order = order
 
     def attach(self, model: nn.Module) -> nn.Module:
         self.layout = flat_layout([(n, p) for n, p in model.named_parameters() if p.requires_grad])
@@ -86,7 +88,7 @@ class PSSync(Synchronizer):
             timeout_s=self.timeout_s, frame_bytes=self.frame_bytes, curve=self.curve, window=self.window,
             optim=self.optim_cfg, semantics=self.semantics, resume=self.resume, compress=self.compress,
             error_feedback=self.error_feedback, resume_rank=self.resume_rank, credit_mb=self.credit_mb,
-            overlap=self.overlap, client=probed,
+            overlap=self.overlap, client=probed, links_Bps=self.links_Bps, order=self.order,
             credit_chunks=credit_chunks(self.links_Bps, self.world, len(self.addrs)))
         self.tuned.update(session.chunk_fit(self.buckets.buckets, drain, self.shared_cores))
         self.deferred: list[Bucket] = []
@@ -219,7 +221,7 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
             error_feedback: bool = True, shares: list[float] | None = None,
             credit_mb: float | None = None, link_tuning: str = "auto",
-            shared_cores: int | None = None) -> Synchronizer:
+            shared_cores: int | None = None, order: str = "planned") -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
     shares of the parameters (``topology.server_shares``), None for equal ones."""
@@ -227,10 +229,10 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
     if design != "aggregate":
         return PSSync(rank, world, device, addrs, optim, timeout_s, bucket_mb, overlap, frame_kb, consistency,
                       staleness, curve, window, links_Bps, compress, error_feedback, shares, credit_mb, link_tuning,
-                      shared_cores)
+                      shared_cores, order)
     from ..reducer import ReduceSync
     from .aggregate import PSAggregate
 
     reducer = PSAggregate(rank, world, device, addrs, optim, timeout_s, frame_kb, semantics, curve, window, links_Bps,
-                          compress, error_feedback, shares, credit_mb, overlap, link_tuning, shared_cores)
+                          compress, error_feedback, shares, credit_mb, overlap, link_tuning, shared_cores, order)
     return ReduceSync(reducer, optim, bucket_mb, bucket_mb, overlap, timeout_s)

@@ -11,6 +11,18 @@ server-optimizer design, its update ran). Frames go to ZeroMQ without copies: th
 With a codec (``--compress``), a push carries the chunk's encoding instead (``encoded``), error
 feedback kept per chunk on this worker.
 
+Planned order (``--ps-order planned``, ``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
+pushes its chunks in the order one serial link of the worker's rate would serve them by priority over that
+step's hand-over times, each chunk waiting for its turn, as the reduce family's kept order does
+(``sync/serving_order.py``; TicTac's fixed order, Hashemi et al., SysML'19). Pushed by priority at the
+instant a credit frees instead (``--ps-order priority``), the workers' orders drift apart (acks come back at
+different times), and a server waits for the last worker's copy of each chunk. Each worker plans from its own
+timing, with no round to agree: where two chunks' hand-overs nearly tie, two workers' plans can differ
+(traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. At issue
+#29's ps S = N = 4, 1 Gbit point: replayed 1.13 -> 1.07x the bound (``full``) and 1.06 -> 1.04x
+(``backward``); measured in alternating pairs 0.97x and 0.98x the priority pump's step
+(``results/overlap_floor``).
+
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
 together and its reply leaves while later chunks still arrive, instead of a fast TCP flow running
@@ -32,7 +44,24 @@ from .client import PSClient
 from .encoded import decode_sparse_sum, encode_push
 from .frames import FrameCache
 from .received import Received
+from ..serving_order import timed_order
 from .sharding import chunk_bytes, plan_chunks
+
+# The step whose hand-over times plan the push order (``push_order``) of every later step: the second one
+# this worker runs (its first pays the first pass's allocations and caches).
+PLAN_STEP = 1
+
+
+def push_order(handed: list[float], nbytes: list[int], link_Bps: float) -> list[int]:
+    """The chunks' push order from one timed step: the order a serial link of ``link_Bps`` serves them in,
+    taking whenever free the chunk nearest the input (the highest index) among those handed over
+    (``handed[i]``, seconds), each for its bytes' time (``serving_order.timed_order``). The simulator's
+    replay plans with this function too (``simulate/overlapped_ps.py``).
+
+    >>> push_order([0.0, 0.0, 0.5, 2.5], [1000] * 4, 1000.0)  # 2, ready while 1 holds the link, before 0
+    [1, 2, 0, 3]
+    """
+    return timed_order(handed, sum(nbytes) / link_Bps, nbytes)
 
 
 def chunk_key(b: Bucket) -> str:
@@ -67,10 +96,15 @@ class ChunkTransport:
     (ready, waiting for a credit)."""
 
     def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int,
-                 codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0):
+                 codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0, link_Bps: float | None = None):
         """``credit_bytes`` > 0: the priority scheduler (``pump``) instead of per-server FIFO queues under
-        ``window``."""
+        ``window``; with ``link_Bps`` (the worker's link, told or probed) it plans the push order once
+        ``PLAN_STEP`` was timed (``push_order``)."""
         self.client, self.window, self.codec, self.credit = client, window, codec, credit_bytes
+        self.link_Bps = link_Bps if credit_bytes and link_Bps and link_Bps < float("inf") else None
+        self.order: list[int] | None = None  # the planned push order (chunk indices), once planned
+        self.steps_run = 0  # steps this transport ended (the step numbers start where a resumed run does)
+        self.handed_at: dict[int, float] = {}  # chunk index -> when the trainer handed it over (perf_counter)
         # per chunk, the codec's state (error-feedback residual, a random codec's draws), seeded per rank
         self.states = {b.index: CodecState(seed=(rank << 20) + b.index) for b in buckets}
         self.chunks: list[list[Bucket]] = [[] for _ in range(servers)]  # per server, in launch order
@@ -90,6 +124,8 @@ class ChunkTransport:
         self.queued: list[deque[Bucket]] = [deque() for _ in self.chunks]
         # the priority scheduler's: ready chunks by forward priority, and pushes not yet received
         self.ready: list[tuple[int, Bucket]] = []
+        self.held: dict[int, Bucket] = {}  # under a planned order: ready chunks, by index, until their turn
+        self.turn = 0  # under a planned order: the position of the next push in it
         self.unacked: dict[tuple[int, int], int] = {}  # (server, request) -> bytes
         self.unacked_bytes = 0  # their sum
         self.messages: list[list] = []  # [start perf_counter, name, duration] per push and reply
@@ -98,14 +134,16 @@ class ChunkTransport:
 
     @property
     def inflight(self) -> bool:
-        return any(self.sent) or any(self.queued) or bool(self.ready)
+        return any(self.sent) or any(self.queued) or bool(self.ready) or bool(self.held)
 
     def bytes(self) -> tuple[int, int]:
         """(sent, received) since the step began, headers included."""
         return self.client.bytes_sent - self.sent0, self.client.bytes_recv - self.recv0
 
     def enqueue(self, b: Bucket) -> None:
-        if self.credit:
+        if self.order is not None:
+            self.held[b.index] = b
+        elif self.credit:
             heapq.heappush(self.ready, (-b.index, b))
         else:
             self.queued[b.group].append(b)
@@ -122,11 +160,26 @@ class ChunkTransport:
                 self.client.collect(s)
             for key in [k for k in self.unacked if self.client.received(*k)]:
                 self.unacked_bytes -= self.unacked.pop(key)
-        while self.ready and self.unacked_bytes < self.credit:
-            b = heapq.heappop(self.ready)[1]
+        while self.unacked_bytes < self.credit and (b := self._next()) is not None:
             self._push(b)
             self.unacked[(b.group, self.sent[b.group][-1].req)] = b.nbytes
             self.unacked_bytes += b.nbytes
+
+    def _next(self) -> Bucket | None:
+        """The next chunk to push: the planned order's next if it is ready (None until it is), else the
+        ready one nearest the input."""
+        if self.order is None:
+            return heapq.heappop(self.ready)[1] if self.ready else None
+        if self.turn < len(self.order) and (b := self.held.pop(self.order[self.turn], None)) is not None:
+            self.turn += 1
+            return b
+        return None
+
+    def handed(self, b: Bucket) -> None:
+        """The trainer handed chunk ``b`` over now (its thread; the comm thread reads the times at the step's
+        end, while the trainer waits for it)."""
+        if self.link_Bps is not None and self.order is None:
+            self.handed_at[b.index] = time.perf_counter()
 
     def pump(self, s: int) -> None:
         """Send server ``s``'s queued chunks while it has credits. Replies already here are taken off the
@@ -203,6 +256,13 @@ class ChunkTransport:
             self.pump_ready()
 
     def end_step(self) -> None:
+        if self.steps_run == PLAN_STEP and self.link_Bps is not None and len(self.handed_at) == len(self.host):
+            first = min(self.handed_at.values())
+            handed = [self.handed_at[i] - first for i in range(len(self.host))]
+            nbytes = {b.index: b.nbytes for mine in self.chunks for b in mine}
+            self.order = push_order(handed, [nbytes[i] for i in range(len(handed))], self.link_Bps)
+        self.handed_at.clear()
+        self.steps_run += 1
         self.step += 1
         self.new_step()
 

@@ -1,0 +1,101 @@
+"""The PS's planned push order (``--ps-order planned``, issue #29): under credits, once ``transport.PLAN_STEP`` was timed, a worker
+pushes every later step's chunks in the order ``transport.push_order`` plans from that step's hand-over
+times, each chunk waiting for its turn (TicTac's fixed order) instead of by priority at the instant a credit
+frees; the replay (``simulate/overlapped_ps.py``) plans with the same function, and training is unchanged."""
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+import torch
+from test_ps_state import SGD, Tiny, live_server, train
+
+from psring.config import OptimConfig, TrainConfig
+from psring.simulate import overlapped_ps
+from psring.simulate.run import simulate
+from psring.sync.ps import transport
+from psring.sync.ps.synchronizer import make_ps
+from psring.sync.ps.transport import PLAN_STEP, parse_message, push_order
+
+
+def test_push_order_is_a_serial_links_priority_order():
+    assert doctest.testmod(transport).failed == 0
+    # handed over together: nearest the input first; one handed over late waits, whatever its priority
+    assert push_order([0.0] * 4, [100] * 4, 100.0) == [3, 2, 1, 0]
+    assert push_order([0.0, 0.0, 0.0, 9.0], [100] * 4, 100.0) == [2, 1, 0, 3]
+
+
+def _pushes(stats) -> list[int]:
+    return [m[1] for name, _, _ in stats.messages if (m := parse_message(name)) and m[0] == "push"]
+
+
+def test_after_the_timed_step_a_worker_pushes_in_the_planned_order_and_trains_the_same():
+    """One worker, two servers, 1-chunk credits, the link told: no plan before ``PLAN_STEP`` ended, then
+    every push of the next steps in the planned order (a permutation of the chunks); the parameters are
+    those of the same run by priority (``--ps-order priority``: no plan), bit for bit."""
+    cfg, got = OptimConfig(**SGD), {}
+    for order in ("priority", "planned"):
+        with live_server(1) as s0, live_server(1) as s1:
+            sync = make_ps(0, 1, torch.device("cpu"), [s0.address, s1.address], cfg, timeout_s=10,
+                           bucket_mb=0.00002, overlap="backward", credit_mb=0.00002, links_Bps=(1e5, 1e5),
+                           order=order)
+            try:
+                model = sync.attach(Tiny())
+                train(sync, model, range(PLAN_STEP + 1))
+                planned = sync.tr.order
+                model.zero_grad(set_to_none=False)
+                torch.nn.functional.cross_entropy(model(torch.randn(4, 6)), torch.tensor([0, 1, 2, 0])).backward()
+                stats = sync.step(PLAN_STEP + 1)
+                got[order] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            finally:
+                sync.close()
+        n = len(sync.buckets.buckets)
+        if order == "priority":
+            assert planned is None
+        else:
+            assert sorted(planned) == list(range(n)) and n > 4
+            assert _pushes(stats) == planned
+    assert all(torch.equal(got["priority"][k], got["planned"][k]) for k in got["priority"])
+
+
+def test_the_replay_plans_with_the_workers_function_and_pushes_in_its_order(tmp_path, monkeypatch):
+    """ps S = N = 4, 1 Gbit, ``--overlap full``: every replayed worker plans once, from step PLAN_STEP's ready
+    times, with ``transport.push_order`` itself, and pushes each later step in that order."""
+    assert overlapped_ps.push_order is transport.push_order and overlapped_ps.PLAN_STEP == PLAN_STEP
+    plans, pushed = [], {}
+    real_push = overlapped_ps.OverlapPS._push
+
+    def spy_order(handed, nbytes, link_Bps):
+        plans.append(push_order(handed, nbytes, link_Bps))
+        return plans[-1]
+
+    def spy_push(self, w, step, c):
+        pushed.setdefault((w, step), []).append(c)
+        return real_push(self, w, step, c)
+
+    monkeypatch.setattr(overlapped_ps, "push_order", spy_order)
+    monkeypatch.setattr(overlapped_ps.OverlapPS, "_push", spy_push)
+    cfg = TrainConfig(sync="ps", servers=4, workers=4, model="resnet18", net="emulated", link_rate="1gbit",
+                      compute="emulated:374", overlap="full", steps=PLAN_STEP + 3, warmup=1, batch_size=16,
+                      ps_order="planned").validate()
+    simulate(cfg, tmp_path / "sim")
+    assert len(plans) == 4 and all(p == plans[0] for p in plans) and sorted(plans[0]) == list(range(len(plans[0])))
+    for w in range(4):
+        for step in range(PLAN_STEP + 1, cfg.steps):
+            assert pushed[w, step] == plans[0], (w, step)  # no jitter: every worker's plan is the same
+        assert pushed[w, 0] != plans[0]  # before the plan: by priority at each free credit
+
+
+def test_priority_plans_nothing_in_the_replay_and_runs_made_before_the_option_replay_by_priority(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setattr(overlapped_ps, "push_order", lambda *a: pytest.fail("planned under --ps-order priority"))
+    cfg = TrainConfig(sync="ps", servers=4, workers=4, model="resnet18", net="emulated", link_rate="1gbit",
+                      compute="emulated:374", overlap="full", steps=PLAN_STEP + 2, warmup=1, batch_size=16,
+                      ps_order="priority").validate()
+    simulate(cfg, tmp_path / "sim")
+    assert TrainConfig().ps_order == "planned"
+    saved = cfg.to_dict()
+    del saved["ps_order"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert TrainConfig.load(tmp_path / "config.json").ps_order == "priority"
