@@ -108,9 +108,9 @@ class TrainConfig:
                                      "thread of their own (default: max(2, N/2) chunks on --net emulated, --overlap backward|"
                                      "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
                                      section="ps", check=at_least(0, " (0 = FIFO per server)"))
-    ps_order: str = opt("planned", "the pushes' order under credits where the link is known: every step after the "
-                        "second in the order a link of its rate serves the second one by priority (TicTac's fixed "
-                        "order), or priority: the ready chunk nearest the input whenever a credit frees",
+    ps_order: str = opt("priority", "the pushes' order under credits: the ready chunk nearest the input whenever a "
+                        "credit frees, or planned (where the link is known): every step after the second in the "
+                        "order a link of its rate served the second one by priority (TicTac's fixed order)",
                         section="ps", choices=PS_ORDERS)
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
     consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
@@ -286,7 +286,7 @@ class TrainConfig:
     @classmethod
     def load(cls, path: Path) -> TrainConfig:
         try:
-            return cls.from_dict(strategies.as_run(json.loads(Path(path).read_text())))
+            return cls.from_dict(json.loads(Path(path).read_text()))
         except (OSError, json.JSONDecodeError, TypeError) as e:
             raise ConfigError(f"cannot read config {path}: {e}") from None
 

@@ -225,16 +225,3 @@ def attr(name, field: str, default=None):
 
 def baseline_name() -> str:
     return where(baseline=True)[0]
-
-
-# Options added with a default other than what the runs made before them did, for the strategies with servers:
-# a saved config.json without the key ran with this value.
-SERVERS_BEFORE = {"ps_order": "priority"}  # --ps-order planned, the default since 2026-12-06
-
-
-def as_run(saved):
-    """A saved ``config.json`` as its run ran: the options added since with a new default (``SERVERS_BEFORE``)
-    at the value the run had (``TrainConfig.load``, ``sweep.is_finished``)."""
-    if isinstance(saved, dict) and saved.get("sync") in REGISTRY and REGISTRY[saved["sync"]].servers:
-        saved = {**SERVERS_BEFORE, **saved}
-    return saved

@@ -49,7 +49,7 @@ ID_KEYS = ["sync", "workers", "servers"]  # first in a run's id, the rest alphab
 COMM_KEYS = frozenset({"bucket_mb", "first_bucket_mb", "frame_kb", "overlap", "consistency", "staleness",
                        "ps_design", "ps_window", "curve", "net", "link_rate", "server_link_rate", "link_delay", "backend",
                        "timeout_s", "compress", "error_feedback", "workers_per_host", "ps_placement",
-                       "ps_credit_mb", "ps_order", "link_tuning", "link_burst", "link_cc", "link_sample_ms"})
+                       "ps_credit_mb", "link_tuning", "link_burst", "link_cc", "link_sample_ms"})
 # What a baseline does not share with the runs it is the baseline of: communication; the straggler, one
 # slow machine of the N whose cost the speedup is to show (and rank 1 does not exist at N=1); and resume,
 # another run's checkpoint. Every other setting (model, data, compute, optimizer, threads, steps, seed,
@@ -177,7 +177,7 @@ def _comparable(cfg: dict) -> dict:
 def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> bool:
     """Whether ``run_dir`` holds this config's finished run (a simulated one: with the same ``sim_settings``)."""
     try:
-        done = strategies.as_run(json.loads((run_dir / "config.json").read_text()))
+        done = json.loads((run_dir / "config.json").read_text())
         if sim is not None:
             summary = json.loads((run_dir / "summary.json").read_text())
             if {k: summary.get(k) for k in sim} != sim:

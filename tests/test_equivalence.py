@@ -40,10 +40,9 @@ FULL_CASES = [
     ("ps", 2, 2, SMALL_BUCKETS + FULL + ("--ps-design", "aggregate")),
     ("ps", 3, 2, SMALL_BUCKETS + FULL + CREDITS + ("--ps-design", "aggregate")),
     ("ps", 3, 2, SMALL_BUCKETS + CREDITS),  # the priority scheduler with --overlap backward
-    # the planned push order (--ps-order planned, the default: sync/ps/transport.push_order) from step 2 on, on
-    # the link the probe measured (S = N: credits), and the priority pump on the same
-    ("ps", 3, 3, SMALL_BUCKETS + FULL + ("--link-tuning", "probe")),
-    ("ps", 3, 3, SMALL_BUCKETS + FULL + ("--link-tuning", "probe", "--ps-order", "priority")),
+    # the planned push order (--ps-order planned: sync/ps/transport.push_order) from step 2 on, on the link the
+    # probe measured (S = N: credits)
+    ("ps", 3, 3, SMALL_BUCKETS + FULL + ("--link-tuning", "probe", "--ps-order", "planned")),
 ]
 PROBE = ("--link-tuning", "probe")  # partitions, chunks and credits cut to the link measured at start
 PROBE_CASES = [("allreduce", 3, 1, FULL + PROBE), ("ring", 2, 1, PROBE), ("ps", 3, 2, FULL + PROBE),

@@ -11,7 +11,8 @@ server-optimizer design, its update ran). Frames go to ZeroMQ without copies: th
 With a codec (``--compress``), a push carries the chunk's encoding instead (``encoded``), error
 feedback kept per chunk on this worker.
 
-Planned order (``--ps-order planned``, ``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
+Planned order (``--ps-order planned``; ``priority``, the default, pushes by priority at each freed credit;
+``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
 pushes its chunks in the order one serial link of the worker's rate would serve them by priority over that
 step's hand-over times, each chunk waiting for its turn, as the reduce family's kept order does
 (``sync/serving_order.py``; TicTac's fixed order, Hashemi et al., SysML'19). Pushed by priority at the
@@ -20,8 +21,8 @@ different times), and a server waits for the last worker's copy of each chunk. E
 timing, with no round to agree: where two chunks' hand-overs nearly tie, two workers' plans can differ
 (traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. At issue
 #29's ps S = N = 4, 1 Gbit point: replayed 1.13 -> 1.07x the bound (``full``) and 1.06 -> 1.04x
-(``backward``); measured in alternating pairs 0.97x and 0.98x the priority pump's step
-(``results/overlap_floor``).
+(``backward``); measured in alternating pairs 0.97x and 0.98x the priority pump's step; at N = 8, 100 Mbit
+with the rate probed (65 KB chunks) 1.03-1.04x it (``results/overlap_floor``).
 
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
