@@ -22,7 +22,8 @@ timing, with no round to agree: where two chunks' hand-overs nearly tie, two wor
 (traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. At issue
 #29's ps S = N = 4, 1 Gbit point: replayed 1.13 -> 1.07x the bound (``full``) and 1.06 -> 1.04x
 (``backward``); measured in alternating pairs 0.97x and 0.98x the priority pump's step; at N = 8, 100 Mbit
-with the rate probed (65 KB chunks) 1.03-1.04x it (``results/overlap_floor``).
+with the rate probed (65 KB chunks) 1.03-1.04x it, where a chunk handed over later than in the timed step holds
+up the ready chunks behind it and the link idles (``results/overlap_floor``).
 
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
