@@ -160,8 +160,8 @@ def _ps(cfg: TrainConfig) -> Synchronizer:
                    curve=cfg.curve, window=cfg.ps_window,
                    links_Bps=emulated_links_Bps(cfg.net, cfg.link_rate, cfg.server_link_rate,
                                                 cfg.link_tuning),
-                   compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb, order=cfg.ps_order,
-                   link_tuning=cfg.link_tuning,
+                   compress=cfg.compress, error_feedback=cfg.error_feedback, credit_mb=cfg.ps_credit_mb,
+                   order=cfg.ps_order, link_tuning=cfg.link_tuning,
                    shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers),
                    shared_cores=_shared_cores(cfg))
 

@@ -13,13 +13,14 @@ from test_ps_state import SGD, Tiny, live_server, train
 from psring.config import OptimConfig, TrainConfig
 from psring.simulate import overlapped_ps
 from psring.simulate.run import simulate
-from psring.sync.ps import transport
+from psring.sync.ps import sharding, transport
 from psring.sync.ps.synchronizer import make_ps
 from psring.sync.ps.transport import PLAN_STEP, parse_message, push_order
 
 
 def test_push_order_is_a_serial_links_priority_order():
-    assert doctest.testmod(transport).failed == 0
+    for mod in (transport, sharding):  # push_order, and plan_link_Bps: when a worker plans at all
+        assert doctest.testmod(mod).failed == 0
     # handed over together: nearest the input first; one handed over late waits, whatever its priority
     assert push_order([0.0] * 4, [100] * 4, 100.0) == [3, 2, 1, 0]
     assert push_order([0.0, 0.0, 0.0, 9.0], [100] * 4, 100.0) == [2, 1, 0, 3]

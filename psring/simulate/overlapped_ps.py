@@ -4,9 +4,10 @@
 * with credits (``credit`` bytes > 0, ``sharding.credit_bytes``): the priority scheduler's pump pushes the
   ready chunk nearest the model's input first (the highest index) while fewer than ``credit`` bytes of this
   worker's pushes are not yet acked; a server acks a push the moment it has read it, on the connection its
-  replies take (so an ack waits behind the replies queued before it). Under ``--ps-order planned``, with
-  the worker's link known (``link_Bps``), each worker's steps after ``transport.PLAN_STEP`` push in the order ``transport.push_order``
-  plans from that step's ready times, each chunk waiting for its turn;
+  replies take (so an ack waits behind the replies queued before it). With ``link_Bps``
+  (``sharding.plan_link_Bps``: ``--ps-order planned``, the link known), each worker's steps after
+  ``transport.PLAN_STEP`` push in the order ``transport.push_order`` plans from that step's ready times, each
+  chunk waiting for its turn;
 * without: per server, its chunks in order as they become ready, at most ``window`` unanswered (0: no limit).
 
 A server answers chunk c to every worker (FIFO per connection) once all N pushes of it are in; the update is
@@ -25,22 +26,21 @@ def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
     """(chunk ranges, window, credit bytes, the worker's link in bytes/s or None) as ``PSSync`` plans them:
     ``run.ps_ranges``' chunks and window, and ``sharding.credit_bytes`` for the biggest chunk, as the worker's
     transport gets them."""
-    from ..sync.ps.sharding import credit_bytes, credit_chunks
+    from ..sync.ps.sharding import credit_bytes, credit_chunks, plan_link_Bps
     from .plans import ps_ranges
 
     ranges, window = ps_ranges(cfg, layout, chunk_bytes)
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
     biggest = max((r.end - r.start) * layout[0].dtype.itemsize for r in ranges)
     credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, cfg.workers, cfg.servers), biggest)
-    return ranges, window, credit, links[0] if links and cfg.ps_order == "planned" else None
+    return ranges, window, credit, plan_link_Bps(cfg.ps_order, links, credit)
 
 
 class OverlapPS:
     def __init__(self, net, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
                  window: int, credit: int, unit_done, link_Bps: float | None = None):
         self.net, self.host_of, self.server_host, self.unit_done = net, host_of, server_host, unit_done
-        self.chunks, self.window, self.credit = chunks, window, credit
-        self.link_Bps = link_Bps if credit else None
+        self.chunks, self.window, self.credit, self.link_Bps = chunks, window, credit, link_Bps
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
         n = len(host_of)
         self._fifo = Connections(net).send  # (worker, "up"|"down", server): its messages one after the other
@@ -71,9 +71,8 @@ class OverlapPS:
         plans at that step's end: the order is the same)."""
         self.handed[w][c] = self.net.now
         if len(self.handed[w]) == len(self.chunks):
-            first = min(self.handed[w].values())
-            handed = [self.handed[w][i] - first for i in range(len(self.chunks))]
-            self.order[w] = push_order(handed, [nbytes for _, nbytes in self.chunks], self.link_Bps)
+            self.order[w] = push_order([self.handed[w][i] for i in range(len(self.chunks))],
+                                       [nbytes for _, nbytes in self.chunks], self.link_Bps)
 
     def _next(self, w: int) -> tuple[int, int] | None:
         """(step, chunk) worker w pushes next: its oldest step's next in the planned order once it is ready

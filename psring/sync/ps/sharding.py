@@ -253,3 +253,17 @@ def credit_bytes(credit_mb: float | None, overlap: str, chunks: int, chunk_bytes
     if credit_mb is not None:
         return int(credit_mb * 2**20)
     return chunks * chunk_bytes if during_backward(overlap) else 0
+
+
+def plan_link_Bps(order: str, links_Bps: tuple[float, float] | None, credit: int) -> float | None:
+    """The worker's link rate its push order is planned with (``transport.push_order``), or None for no plan:
+    only under ``--ps-order planned``, with credits (``credit`` bytes > 0) and the link known (told or
+    probed). The worker's transport and the simulator's replay ask this one function.
+
+    >>> link = (1e8, 1e8)
+    >>> plan_link_Bps("planned", link, 1), plan_link_Bps("priority", link, 1), plan_link_Bps("planned", link, 0)
+    (100000000.0, None, None)
+    >>> plan_link_Bps("planned", None, 1)
+    """
+    ok = order == "planned" and credit > 0 and links_Bps is not None and math.isfinite(links_Bps[0])
+    return links_Bps[0] if ok else None

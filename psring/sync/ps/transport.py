@@ -19,11 +19,9 @@ step's hand-over times, each chunk waiting for its turn, as the reduce family's 
 instant a credit frees instead (``--ps-order priority``), the workers' orders drift apart (acks come back at
 different times), and a server waits for the last worker's copy of each chunk. Each worker plans from its own
 timing, with no round to agree: where two chunks' hand-overs nearly tie, two workers' plans can differ
-(traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. At issue
-#29's ps S = N = 4, 1 Gbit point: replayed 1.13 -> 1.07x the bound (``full``) and 1.06 -> 1.04x
-(``backward``); measured in alternating pairs 0.97x and 0.98x the priority pump's step; at N = 8, 100 Mbit
-with the rate probed (65 KB chunks) 1.03-1.04x it, where a chunk handed over later than in the timed step holds
-up the ready chunks behind it and the link idles (``results/overlap_floor``).
+(traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. Measured
+(``results/overlap_floor``): 0.97-0.98x the priority pump's step at ps S = N = 4, 1 Gbit, but 1.03-1.04x at
+N = 8, 100 Mbit, where a chunk handed over later than in the timed step holds up the ready ones behind it.
 
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
@@ -57,13 +55,14 @@ PLAN_STEP = 1
 def push_order(handed: list[float], nbytes: list[int], link_Bps: float) -> list[int]:
     """The chunks' push order from one timed step: the order a serial link of ``link_Bps`` serves them in,
     taking whenever free the chunk nearest the input (the highest index) among those handed over
-    (``handed[i]``, seconds), each for its bytes' time (``serving_order.timed_order``). The simulator's
-    replay plans with this function too (``simulate/overlapped_ps.py``).
+    (``handed[i]``, seconds on any one clock), each for its bytes' time (``serving_order.timed_order``). The
+    simulator's replay plans with this function too (``simulate/overlapped_ps.py``).
 
     >>> push_order([0.0, 0.0, 0.5, 2.5], [1000] * 4, 1000.0)  # 2, ready while 1 holds the link, before 0
     [1, 2, 0, 3]
     """
     return timed_order(handed, sum(nbytes) / link_Bps, nbytes)
+
 
 
 def chunk_key(b: Bucket) -> str:
@@ -100,10 +99,10 @@ class ChunkTransport:
     def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int,
                  codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0, link_Bps: float | None = None):
         """``credit_bytes`` > 0: the priority scheduler (``pump``) instead of per-server FIFO queues under
-        ``window``; with ``link_Bps`` (the worker's link, told or probed) it plans the push order once
-        ``PLAN_STEP`` was timed (``push_order``)."""
+        ``window``; with ``link_Bps`` (``sharding.plan_link_Bps``) it plans the push order once ``PLAN_STEP`` was timed
+        (``push_order``)."""
         self.client, self.window, self.codec, self.credit = client, window, codec, credit_bytes
-        self.link_Bps = link_Bps if credit_bytes and link_Bps and link_Bps < float("inf") else None
+        self.link_Bps = link_Bps
         self.order: list[int] | None = None  # the planned push order (chunk indices), once planned
         self.steps_run = 0  # steps this transport ended (the step numbers start where a resumed run does)
         self.handed_at: dict[int, float] = {}  # chunk index -> when the trainer handed it over (perf_counter)
@@ -259,10 +258,8 @@ class ChunkTransport:
 
     def end_step(self) -> None:
         if self.steps_run == PLAN_STEP and self.link_Bps is not None and len(self.handed_at) == len(self.host):
-            first = min(self.handed_at.values())
-            handed = [self.handed_at[i] - first for i in range(len(self.host))]
-            nbytes = {b.index: b.nbytes for mine in self.chunks for b in mine}
-            self.order = push_order(handed, [nbytes[i] for i in range(len(handed))], self.link_Bps)
+            nbytes = dict(sorted((b.index, b.nbytes) for mine in self.chunks for b in mine))
+            self.order = push_order([self.handed_at[i] for i in nbytes], list(nbytes.values()), self.link_Bps)
         self.handed_at.clear()
         self.steps_run += 1
         self.step += 1
