@@ -6,8 +6,8 @@
   worker's pushes are not yet acked; a server acks a push the moment it has read it, on the connection its
   replies take (so an ack waits behind the replies queued before it). With ``link_Bps``
   (``sharding.plan_link_Bps``: ``--ps-order planned``, the link known), each worker's steps after
-  ``transport.PLAN_STEP`` push in the order ``transport.push_order`` plans from that step's ready times, each
-  chunk waiting for its turn;
+  ``transport.PLAN_STEP`` push, among their ready chunks, the one earliest in the order ``transport.push_order`` plans
+  from that step's ready times;
 * without: per server, its chunks in order as they become ready, at most ``window`` unanswered (0: no limit).
 
 A server answers chunk c to every worker (FIFO per connection) once all N pushes of it are in; the update is
@@ -51,7 +51,7 @@ class OverlapPS:
         self.arrived: dict = {}  # (step, chunk) -> pushes in at its server
         self.handed: list[dict] = [{} for _ in range(n)]  # chunk -> when it was ready in step PLAN_STEP
         self.order: list[list[int] | None] = [None] * n  # each worker's planned push order, once planned
-        self.turn: dict = {}  # (worker, step) -> the position of its next push in the order
+        self.rank: list[dict[int, int]] = [{} for _ in range(n)]  # chunk -> its position in the worker's order
 
     def step_bytes(self, w: int) -> float:
         return float(sum(nbytes for _, nbytes in self.chunks))
@@ -73,23 +73,19 @@ class OverlapPS:
         if len(self.handed[w]) == len(self.chunks):
             self.order[w] = push_order([self.handed[w][i] for i in range(len(self.chunks))],
                                        [nbytes for _, nbytes in self.chunks], self.link_Bps)
+            self.rank[w] = {c: k for k, c in enumerate(self.order[w])}
 
-    def _next(self, w: int) -> tuple[int, int] | None:
-        """(step, chunk) worker w pushes next: its oldest step's next in the planned order once it is ready
-        (steps after PLAN_STEP), else the oldest step's ready chunk nearest the input."""
-        step, c = max(self.ready[w], key=lambda x: (-x[0], x[1]))  # this step's nearest the input
-        if step <= PLAN_STEP or self.order[w] is None:
-            return step, c
-        k = self.turn.get((w, step), 0)
-        want = self.order[w][k] if k < len(self.order[w]) else None
-        if (step, want) not in self.ready[w]:
-            return None
-        self.turn[w, step] = k + 1
-        return step, want
+    def _next(self, w: int) -> tuple[int, int]:
+        """(step, chunk) worker w pushes next: of its oldest step's ready chunks, the one earliest in its planned
+        order (steps after PLAN_STEP, once planned), else the one nearest the input."""
+        step = min(s for s, _ in self.ready[w])
+        mine = [c for s, c in self.ready[w] if s == step]
+        rank = self.rank[w] if step > PLAN_STEP else None
+        return step, (min(mine, key=rank.__getitem__) if rank else max(mine))
 
     def _pump(self, w: int) -> None:
-        while self.ready[w] and self.unacked[w] < self.credit and (nxt := self._next(w)) is not None:
-            step, c = nxt
+        while self.ready[w] and self.unacked[w] < self.credit:
+            step, c = self._next(w)
             self.ready[w].discard((step, c))
             self.unacked[w] += self.chunks[c][1]
             self._push(w, step, c)

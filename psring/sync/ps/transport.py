@@ -13,15 +13,16 @@ feedback kept per chunk on this worker.
 
 Planned order (``--ps-order planned``; ``priority``, the default, pushes by priority at each freed credit;
 ``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
-pushes its chunks in the order one serial link of the worker's rate would serve them by priority over that
-step's hand-over times, each chunk waiting for its turn, as the reduce family's kept order does
-(``sync/serving_order.py``; TicTac's fixed order, Hashemi et al., SysML'19). Pushed by priority at the
-instant a credit frees instead (``--ps-order priority``), the workers' orders drift apart (acks come back at
-different times), and a server waits for the last worker's copy of each chunk. Each worker plans from its own
-timing, with no round to agree: where two chunks' hand-overs nearly tie, two workers' plans can differ
-(traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's wait, not correctness. Measured
-(``results/overlap_floor``): 0.97-0.98x the priority pump's step at ps S = N = 4, 1 Gbit, but 1.03-1.04x at
-N = 8, 100 Mbit, where a chunk handed over later than in the timed step holds up the ready ones behind it.
+ranks its chunks by the order one serial link of the worker's rate would serve them by priority over that
+step's hand-over times, and at each freed credit pushes the ready chunk earliest in that order (the reduce
+family's kept order, ``sync/serving_order.py``; TicTac's, Hashemi et al., SysML'19, used as a ranking so the
+link never idles). Pushed by priority at the instant a credit frees instead (``--ps-order priority``), the
+workers' orders drift apart (acks come back at different times), and a server waits for the last worker's copy
+of each chunk. Each worker plans from its own timing, with no round to agree: where two chunks' hand-overs nearly
+tie, two workers' plans can differ (traced at N = 4, 1 Gbit: a few neighbours swapped), which costs a chunk's
+wait, not correctness. The plan as a strict sequence (a chunk waiting for its turn) was measured too and lost at
+N = 8, 100 Mbit, where a chunk handed over later than in the timed step held up ready ones and the link idled
+(``results/overlap_floor``).
 
 Credits (``window``): at most that many of this worker's pushpulls unanswered per server. Every worker
 sends its chunks in the same order, so with a window the N copies of a chunk reach its server
@@ -40,11 +41,11 @@ import torch
 
 from ...compress import Codec, CodecState
 from ..buckets import Bucket, BucketRange, space_sizes
+from ..serving_order import timed_order
 from .client import PSClient
 from .encoded import decode_sparse_sum, encode_push
 from .frames import FrameCache
 from .received import Received
-from ..serving_order import timed_order
 from .sharding import chunk_bytes, plan_chunks
 
 # The step whose hand-over times plan the push order (``push_order``) of every later step: the second one
@@ -104,6 +105,7 @@ class ChunkTransport:
         self.client, self.window, self.codec, self.credit = client, window, codec, credit_bytes
         self.link_Bps = link_Bps
         self.order: list[int] | None = None  # the planned push order (chunk indices), once planned
+        self.rank: dict[int, int] = {}  # chunk index -> its position in ``order``
         self.steps_run = 0  # steps this transport ended (the step numbers start where a resumed run does)
         self.handed_at: dict[int, float] = {}  # chunk index -> when the trainer handed it over (perf_counter)
         # per chunk, the codec's state (error-feedback residual, a random codec's draws), seeded per rank
@@ -123,10 +125,9 @@ class ChunkTransport:
     def new_step(self) -> None:
         self.sent: list[deque[Sent]] = [deque() for _ in self.chunks]
         self.queued: list[deque[Bucket]] = [deque() for _ in self.chunks]
-        # the priority scheduler's: ready chunks by forward priority, and pushes not yet received
+        # the priority scheduler's: ready chunks by forward priority (or rank in the planned order), and pushes
+        # not yet received
         self.ready: list[tuple[int, Bucket]] = []
-        self.held: dict[int, Bucket] = {}  # under a planned order: ready chunks, by index, until their turn
-        self.turn = 0  # under a planned order: the position of the next push in it
         self.unacked: dict[tuple[int, int], int] = {}  # (server, request) -> bytes
         self.unacked_bytes = 0  # their sum
         self.messages: list[list] = []  # [start perf_counter, name, duration] per push and reply
@@ -135,17 +136,15 @@ class ChunkTransport:
 
     @property
     def inflight(self) -> bool:
-        return any(self.sent) or any(self.queued) or bool(self.ready) or bool(self.held)
+        return any(self.sent) or any(self.queued) or bool(self.ready)
 
     def bytes(self) -> tuple[int, int]:
         """(sent, received) since the step began, headers included."""
         return self.client.bytes_sent - self.sent0, self.client.bytes_recv - self.recv0
 
     def enqueue(self, b: Bucket) -> None:
-        if self.order is not None:
-            self.held[b.index] = b
-        elif self.credit:
-            heapq.heappush(self.ready, (-b.index, b))
+        if self.credit:  # nearest the input first, or earliest in the planned order
+            heapq.heappush(self.ready, (self.rank[b.index] if self.rank else -b.index, b))
         else:
             self.queued[b.group].append(b)
 
@@ -155,26 +154,18 @@ class ChunkTransport:
         al. SysML'19; in backward that is the newest ready one), while fewer than ``credit`` bytes of this
         worker's pushes are not yet received by their servers (ByteScheduler's credits, Peng et al.
         SOSP'19). Credits come back with the servers' acks, whatever the other workers do, so workers
-        need not push in the same order; what is not pushed stays here, where priority still applies."""
+        need not push in the same order; what is not pushed stays here, where priority still applies. With a
+        planned order (``push_order``), the ready chunk earliest in it goes first instead."""
         if self.unacked:
             for s in {s for s, _ in self.unacked}:
                 self.client.collect(s)
             for key in [k for k in self.unacked if self.client.received(*k)]:
                 self.unacked_bytes -= self.unacked.pop(key)
-        while self.unacked_bytes < self.credit and (b := self._next()) is not None:
+        while self.unacked_bytes < self.credit and self.ready:
+            b = heapq.heappop(self.ready)[1]
             self._push(b)
             self.unacked[(b.group, self.sent[b.group][-1].req)] = b.nbytes
             self.unacked_bytes += b.nbytes
-
-    def _next(self) -> Bucket | None:
-        """The next chunk to push: the planned order's next if it is ready (None until it is), else the
-        ready one nearest the input."""
-        if self.order is None:
-            return heapq.heappop(self.ready)[1] if self.ready else None
-        if self.turn < len(self.order) and (b := self.held.pop(self.order[self.turn], None)) is not None:
-            self.turn += 1
-            return b
-        return None
 
     def handed(self, b: Bucket) -> None:
         """The trainer handed chunk ``b`` over now (its thread; the comm thread reads the times at the step's
@@ -260,6 +251,7 @@ class ChunkTransport:
         if self.steps_run == PLAN_STEP and self.link_Bps is not None and len(self.handed_at) == len(self.host):
             nbytes = dict(sorted((b.index, b.nbytes) for mine in self.chunks for b in mine))
             self.order = push_order([self.handed_at[i] for i in nbytes], list(nbytes.values()), self.link_Bps)
+            self.rank = {c: k for k, c in enumerate(self.order)}
         self.handed_at.clear()
         self.steps_run += 1
         self.step += 1
