@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import config_checks as checks
 from . import strategies
-from .options import ConfigError, above, at_least, check_options, nested, off_default, opt, within
+from .options import ConfigError, above, at_least, check_options, declared, nested, off_default, opt, within
 from .config_choices import (  # noqa: F401 - re-exported: psring.config is where callers look
     MODELS, DATASETS, BACKENDS, OPTIMIZERS, PARTITIONS, CONSISTENCY, PS_DESIGNS, PS_ORDERS, NETS, PS_PLACEMENTS,
     OVERLAPS, TUNINGS, BUFFERS, DEFAULT_STEPS, NUM_CLASSES, CIFAR_SIZE, IMAGENET_SIZE, IMAGENET_MODELS,
@@ -42,6 +42,9 @@ class OptimConfig:
         self.betas = tuple(self.betas)
         check_options(self)
 
+
+# Options newer than runs saved without them, and the value those runs ran with (``from_dict``)
+RAN_BEFORE = {"ps_order": "priority"}
 
 _SYNC_HELP = "how gradients are synchronized: " + "; ".join(f"{n}: {strategies.get(n).help}"
                                                             for n in strategies.names())
@@ -108,9 +111,9 @@ class TrainConfig:
                                      "thread of their own (default: max(2, N/2) chunks on --net emulated, --overlap backward|"
                                      "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
                                      section="ps", check=at_least(0, " (0 = FIFO per server)"))
-    ps_order: str = opt("priority", "the pushes' order under credits: the ready chunk nearest the input whenever a "
-                        "credit frees, or planned (where the link is known): every step after the second in the "
-                        "order a link of its rate served the second one by priority (TicTac's fixed order)",
+    ps_order: str = opt("planned", "the pushes' order under credits, whenever a credit frees: planned (where the "
+                        "link is known; else priority), the ready chunk earliest in the order a link of its rate "
+                        "served the second step's by priority (TicTac's), or priority, the one nearest the input",
                         section="ps", choices=PS_ORDERS)
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)
     consistency: str = opt("bsp", "bulk-synchronous, stale-synchronous (see --staleness) or asynchronous",
@@ -275,6 +278,8 @@ class TrainConfig:
         if "betas" in optim:
             optim["betas"] = tuple(optim["betas"])
         d["optim"] = OptimConfig(**optim)
+        for x in (x for x in declared(cls) if x.name in RAN_BEFORE and x.name not in d):  # where its strategy reads it
+            d[x.name] = RAN_BEFORE[x.name] if d.get("sync") in owners(x.option.section) else x.default
         return cls(**d)
 
     def save(self, path: Path) -> None:

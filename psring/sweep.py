@@ -39,7 +39,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import strategies
-from .config import DEFAULT_STEPS, ConfigError, OptimConfig, TrainConfig
+from .config import DEFAULT_STEPS, RAN_BEFORE, ConfigError, OptimConfig, TrainConfig
 
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
 CONFIG_KEYS = ({f.name for f in dataclasses.fields(TrainConfig)} - {"optim", "out", "ps_addrs"}) | OPTIM_KEYS
@@ -184,9 +184,10 @@ def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> boo
                 return False
         now = _comparable(cfg.to_dict())
         # an option added after the run was made counts as the same when this run leaves it at its default
+        # or at the value the run ran with (``config.RAN_BEFORE``): a moved default replaces no finished run
         defaults = _comparable(TrainConfig().to_dict())
         for k in set(now) - set(done):
-            if now[k] == defaults.get(k):
+            if now[k] in (defaults.get(k), RAN_BEFORE.get(k, defaults.get(k))):
                 del now[k]
         return (run_dir / "summary.json").exists() and _comparable(done) == now
     except (OSError, json.JSONDecodeError):

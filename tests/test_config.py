@@ -129,7 +129,7 @@ def test_refusals_are_one_line(args, needle):
 
 
 # a value off the default for every option of the ps section
-OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "ps_credit_mb": 1.0, "ps_order": "planned",
+OFF = {"servers": 2, "ps_addrs": ["tcp://127.0.0.1:1"], "frame_kb": 0, "ps_window": 1, "ps_credit_mb": 1.0, "ps_order": "priority",
        "consistency": "ssp",
        "staleness": 3, "ps_design": "aggregate", "curve": "keys", "ps_placement": "colocated"}
 

@@ -141,11 +141,16 @@ def test_the_replay_plans_with_the_workers_function_and_pushes_by_its_rank(tmp_p
         assert pushed[w, PLAN_STEP + 1] != pushed[w, 0]  # the plan changed the order
 
 
-def test_the_default_order_plans_nothing_in_the_replay(tmp_path, monkeypatch):
-    """``--ps-order priority``, the default (results/overlap_floor: planned is faster at N = 4, 1 Gbit and slower
-    at N = 8, 100 Mbit with the rate probed)."""
+def test_priority_plans_nothing_in_the_replay_and_old_runs_load_as_priority(tmp_path, monkeypatch):
+    """``--ps-order priority`` plans nothing; ``planned`` is the default (results/overlap_floor: faster at N = 4,
+    1 Gbit and at N = 8, 100 Mbit with the rate probed), and a run saved before the option existed, which pushed
+    by priority, loads as ``priority`` (its replay is what it ran)."""
     monkeypatch.setattr(overlapped_ps, "push_order", lambda *a: pytest.fail("planned under --ps-order priority"))
     cfg = TrainConfig(sync="ps", servers=4, workers=4, model="resnet18", net="emulated", link_rate="1gbit",
-                      compute="emulated:374", overlap="full", steps=PLAN_STEP + 2, warmup=1, batch_size=16).validate()
-    assert cfg.ps_order == "priority"
+                      compute="emulated:374", overlap="full", steps=PLAN_STEP + 2, warmup=1, batch_size=16,
+                      ps_order="priority").validate()
+    assert TrainConfig().ps_order == "planned"
+    old = cfg.to_dict()
+    del old["ps_order"]
+    assert TrainConfig.from_dict(old).ps_order == "priority"
     simulate(cfg, tmp_path / "sim")

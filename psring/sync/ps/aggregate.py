@@ -43,7 +43,7 @@ class PSAggregate(Reducer):
                  window: int | None = None, links_Bps: tuple[float, float] | None = None, compress: str = "none",
                  error_feedback: bool = True, shares: list[float] | None = None, credit_mb: float | None = None,
                  overlap: str = "backward", link_tuning: str = "auto", shared_cores: int | None = None,
-                 order: str = "priority"):
+                 order: str = "planned"):
         super().__init__(rank, world, device)
         self.compress, self.error_feedback, self.shares = compress, error_feedback, shares
         session.check_addrs(addrs)

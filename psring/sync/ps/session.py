@@ -90,7 +90,7 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
                 error_feedback: bool = True, resume_rank: dict | None = None, credit_mb: float | None = None,
                 overlap: str = "backward", credit_chunks: int = 0, client: PSClient | None = None,
                 links_Bps: tuple[float, float] | None = None,
-                order: str = "priority") -> tuple[PSClient, ChunkTransport, object]:
+                order: str = "planned") -> tuple[PSClient, ChunkTransport, object]:
     """Both designs' ``attach``: connect, init the servers (rank 0; with the codec pushes are encoded
     with), start every worker from their copy of the start version (a view of the reply where the servers
     run the optimizer, a copy where the local optimizer writes the parameters), and a transport at that

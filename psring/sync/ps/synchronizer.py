@@ -50,7 +50,7 @@ class PSSync(Synchronizer):
                  consistency: str = "bsp", staleness: int = 2, curve: str | None = None, window: int | None = None,
                  links_Bps: tuple[float, float] | None = None, compress: str = "none", error_feedback: bool = True,
                  shares: list[float] | None = None, credit_mb: float | None = None, link_tuning: str = "auto",
-                 shared_cores: int | None = None, order: str = "priority"):
+                 shared_cores: int | None = None, order: str = "planned"):
         """``compress``/``error_feedback``: the codec pushes are encoded with (``encoded``).
         ``bucket_mb``: the largest chunk (the chunks are equal, at most this, a multiple of S of them).
         ``links_Bps``: (worker, server) link bandwidths, bytes/s, when known (an emulated network): the
@@ -221,7 +221,7 @@ def make_ps(rank: int, world: int, device: torch.device, addrs: list[str], optim
             links_Bps: tuple[float, float] | None = None, compress: str = "none",
             error_feedback: bool = True, shares: list[float] | None = None,
             credit_mb: float | None = None, link_tuning: str = "auto",
-            shared_cores: int | None = None, order: str = "priority") -> Synchronizer:
+            shared_cores: int | None = None, order: str = "planned") -> Synchronizer:
     """The ``ps`` synchronizer of ``design``: ``PSSync`` (servers run the optimizer), or ``ReduceSync``
     over ``PSAggregate`` (servers sum, workers run the optimizer). ``shares``: the servers' unequal
     shares of the parameters (``topology.server_shares``), None for equal ones."""
