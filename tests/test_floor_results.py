@@ -64,16 +64,17 @@ def test_ps_schedule_replay_claims():
     """results/overlap_floor/ps_schedule_replay.csv (benchmarks/ps_schedule_replay.py): with `full`, the PS's own
     schedule replayed with no CPU is 1.13x its bound at psring's 474 KiB chunk whatever the credits (1.12-1.17x for
     1-8 chunks), within 1.10x from 256 KiB down and 1.02x at 128 KiB; with `backward` 1.06x at its chunk. Under
-    `--ps-order planned` (every worker's order planned from step 2's timing) 1.07x and 1.04x at its chunk, and
-    below the priority pump's from 192 KiB up (at 128 KiB, where a worker's chunks hardly queue, within 0.02)."""
+    `--ps-order planned` (each worker pushes the ready chunk earliest in its order planned from step 2's timing)
+    1.06x and 1.01x at its chunk, and below the priority pump's from 192 KiB up (at 128 KiB, where a worker's chunks
+    hardly queue, within 0.03)."""
     df = pd.read_csv(RESULTS / "overlap_floor" / "ps_schedule_replay.csv")
     planned = df[df["ps_order"] == "planned"].set_index(["overlap", "chunk_bytes"])["step_over_bound"]
     df = df[df["ps_order"] == "priority"]
     full, back = df[df["overlap"] == "full"], df[df["overlap"] == "backward"]
-    assert abs(planned["full", 485376] - 1.07) < 0.005 and abs(planned["backward", 485376] - 1.04) < 0.005
+    assert abs(planned["full", 485376] - 1.064) < 0.005 and abs(planned["backward", 485376] - 1.014) < 0.005
     prio = df[df["credit_chunks"] == 2].set_index(["overlap", "chunk_bytes"])["step_over_bound"]
     big = planned[planned.index.get_level_values(1) > 128 << 10]
-    assert len(planned) == 10 and (big < prio[big.index]).all() and (planned - prio[planned.index]).max() < 0.02
+    assert len(planned) == 10 and (big < prio[big.index]).all() and (planned - prio[planned.index]).max() < 0.03
     own = full[full["chunk_bytes"] == 485376].set_index("credit_chunks")["step_over_bound"]
     assert sorted(own.index) == [1, 2, 4, 8] and own.between(1.12, 1.17).all() and abs(own[2] - 1.13) < 0.005
     ladder = full[full["credit_chunks"] == 2].set_index("chunk_bytes")["step_over_bound"]
@@ -82,15 +83,29 @@ def test_ps_schedule_replay_claims():
     assert abs(back[(back["chunk_bytes"] == 485376) & (back["credit_chunks"] == 2)]["step_over_bound"].iloc[0] - 1.06) < 0.005
 
 
-def test_ps_order_ab_claims():
-    """results/overlap_floor/ps_order_ab.csv: --ps-order planned against priority in alternating pairs: at N = 4,
-    1 Gbit faster in seven pairs of eight (median 0.97x under full, 0.98x under backward); at N = 8, 100 Mbit with
-    the rate probed slower in both pairs (1.03-1.04x), which is why priority stays the default."""
-    df = pd.read_csv(RESULTS / "overlap_floor" / "ps_order_ab.csv")
+def _planned_over_priority(name: str) -> pd.Series:
+    df = pd.read_csv(RESULTS / "overlap_floor" / name)
     p = df.pivot_table(index=["workers", "overlap", "pair"], columns="ps_order", values="step_s")
-    r = p["planned"] / p["priority"]
+    return p["planned"] / p["priority"]
+
+
+def test_ps_order_ab_claims():
+    """results/overlap_floor/ps_order_ab.csv: --ps-order planned (the plan as a ranking, the default) against
+    priority in alternating pairs: at N = 4, 1 Gbit faster in seven pairs of eight (median 0.98x under both modes);
+    at N = 8, 100 Mbit with the rate probed faster in both pairs (0.98x); at N = 2, 1 Gbit neutral (0.995-1.010).
+    ps_order_strict_ab.csv: the plan as a
+    strict sequence (commit f6dc696) was as fast at N = 4 (medians 0.97x, 0.98x) but 1.03-1.04x slower at N = 8."""
+    r = _planned_over_priority("ps_order_ab.csv")
     four = r.loc[4]
     assert len(four) == 8 and (four < 1).sum() == 7
-    assert abs(four.loc["full"].median() - 0.973) < 0.005 and abs(four.loc["backward"].median() - 0.983) < 0.005
+    assert abs(four.loc["full"].median() - 0.983) < 0.005 and abs(four.loc["backward"].median() - 0.982) < 0.005
     eight = r.loc[8]
+    assert len(eight) == 2 and eight.between(0.98, 0.99).all()
+    two = r.loc[2]  # neutral where two workers' orders hardly drift
+    assert len(two) == 3 and two.between(0.99, 1.015).all()
+    strict = _planned_over_priority("ps_order_strict_ab.csv")
+    four = strict.loc[4]
+    assert len(four) == 8 and (four < 1).sum() == 7
+    assert abs(four.loc["full"].median() - 0.973) < 0.005 and abs(four.loc["backward"].median() - 0.983) < 0.005
+    eight = strict.loc[8]
     assert len(eight) == 2 and eight.between(1.02, 1.05).all()
