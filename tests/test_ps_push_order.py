@@ -76,6 +76,31 @@ def test_a_planned_worker_pushes_the_ready_chunk_earliest_in_its_plan():
     assert pushed == [0, 5, 1, 3, 4, 2] and not tr.ready
 
 
+def test_under_full_a_worker_plans_from_its_pushes_busy_time():
+    """``timed_busy`` (``--overlap full``): in step ``PLAN_STEP`` each push's span runs from its send to its ack as
+    the pump sees it, and the plan is ``push_order`` over their union; without spans for every chunk (an ack not
+    seen), from the bytes at the link's rate."""
+    buckets = [Bucket(i, 0, 0, 4, [], torch.zeros(4), group=i % 2) for i in range(4)]
+    for acks in (4, 3):
+        client = _Client()
+        tr = transport.ChunkTransport(client, buckets, 2, torch.device("cpu"), 0, credit_bytes=16, link_Bps=1e6,
+                                      timed_busy=True)
+        tr.steps_run = PLAN_STEP
+        for b in buckets:
+            tr.handed(b)
+            tr.enqueue(b)
+            tr.pump_ready()
+        for req in range(acks):
+            client.acked.add(req)
+            tr.pump_ready()
+        spans = [x for x in tr.spans.values() if x[1] is not None]
+        assert len(tr.spans) == 4 and len(spans) == acks and all(a <= b for a, b in spans)
+        handed = [tr.handed_at[i] for i in range(4)]
+        want = push_order(handed, [16] * 4, 1e6, spans if acks == 4 else None)
+        tr.end_step()
+        assert tr.order == want and not tr.spans
+
+
 def _pushes(stats) -> list[int]:
     return [m[1] for name, _, _ in stats.messages if (m := parse_message(name)) and m[0] == "push"]
 
@@ -111,19 +136,21 @@ def test_after_the_timed_step_a_worker_plans_its_order_and_trains_the_same():
 
 def test_the_replay_plans_with_the_workers_function_and_pushes_by_its_rank(tmp_path, monkeypatch):
     """ps S = N = 4, 1 Gbit, ``--overlap full``: every replayed worker plans once, from step PLAN_STEP's ready
-    times, with ``transport.push_order`` itself; each later push is, of its step's ready chunks, the one
-    earliest in that plan (before the plan: the one nearest the input)."""
+    times and its pushes' spans, with ``transport.push_order`` itself; each later push is, of its step's ready
+    chunks, the one earliest in that plan (before the plan: the one nearest the input)."""
     assert overlapped_ps.push_order is transport.push_order and overlapped_ps.PLAN_STEP == PLAN_STEP
     plans, pushed = [], {}
     real_push = overlapped_ps.OverlapPS._push
 
-    def spy_order(handed, nbytes, link_Bps):
-        plans.append(push_order(handed, nbytes, link_Bps))
+    def spy_order(handed, nbytes, link_Bps, spans=None):
+        assert spans is not None and len(spans) == len(nbytes)  # --overlap full: from the pushes' spans
+        plans.append(push_order(handed, nbytes, link_Bps, spans))
         return plans[-1]
 
     def spy_push(self, w, step, c):
         mine = {x for s, x in self.ready[w] if s == step} | {c}  # its step's ready chunks, c just taken off
-        rank = {x: k for k, x in enumerate(plans[0])} if step > PLAN_STEP else {x: -x for x in mine}
+        assert step <= PLAN_STEP or self.order[w] in plans  # its plan is push_order's
+        rank = {x: k for k, x in enumerate(self.order[w])} if step > PLAN_STEP else {x: -x for x in mine}
         assert min(mine, key=rank.get) == c, (w, step, c)
         pushed.setdefault((w, step), []).append(c)
         return real_push(self, w, step, c)
@@ -134,8 +161,8 @@ def test_the_replay_plans_with_the_workers_function_and_pushes_by_its_rank(tmp_p
                       compute="emulated:374", overlap="full", steps=PLAN_STEP + 3, warmup=1, batch_size=16,
                       ps_order="planned").validate()
     simulate(cfg, tmp_path / "sim")
-    assert len(plans) == 4 and all(p == plans[0] for p in plans) and sorted(plans[0]) == list(range(len(plans[0])))
-    for w in range(4):  # no jitter: every worker's plan is the same, and each step pushes every chunk once
+    assert len(plans) == 4 and all(sorted(p) == list(range(len(plans[0]))) for p in plans)
+    for w in range(4):  # each step pushes every chunk once
         for step in range(cfg.steps):
             assert sorted(pushed[w, step]) == sorted(plans[0]), (w, step)
         assert pushed[w, PLAN_STEP + 1] != pushed[w, 0]  # the plan changed the order

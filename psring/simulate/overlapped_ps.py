@@ -7,7 +7,7 @@
   replies take (so an ack waits behind the replies queued before it). With ``link_Bps``
   (``sharding.plan_link_Bps``: ``--ps-order planned``, the link known), each worker's steps after
   ``transport.PLAN_STEP`` push, among their ready chunks, the one earliest in the order ``transport.push_order`` plans
-  from that step's ready times;
+  from that step's ready times (under ``full``, with its pushes' push-to-ack spans);
 * without: per server, its chunks in order as they become ready, at most ``window`` unanswered (0: no limit).
 
 A server answers chunk c to every worker (FIFO per connection) once all N pushes of it are in; the update is
@@ -38,7 +38,7 @@ def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
 
 class OverlapPS:
     def __init__(self, net, host_of: list[int], server_host: list[int], chunks: list[tuple[int, int]],
-                 window: int, credit: int, unit_done, link_Bps: float | None = None):
+                 window: int, credit: int, unit_done, link_Bps: float | None = None, timed_busy: bool = False):
         self.net, self.host_of, self.server_host, self.unit_done = net, host_of, server_host, unit_done
         self.chunks, self.window, self.credit, self.link_Bps = chunks, window, credit, link_Bps
         self.per_server = [[c for c, (s, _) in enumerate(chunks) if s == srv] for srv in range(len(server_host))]
@@ -52,6 +52,8 @@ class OverlapPS:
         self.handed: list[dict] = [{} for _ in range(n)]  # chunk -> when it was ready in step PLAN_STEP
         self.order: list[list[int] | None] = [None] * n  # each worker's planned push order, once planned
         self.rank: list[dict[int, int]] = [{} for _ in range(n)]  # chunk -> its position in the worker's order
+        self.timed_busy = timed_busy  # plan from step PLAN_STEP's push-to-ack spans (``--overlap full``)
+        self.spans: list[dict] = [{} for _ in range(n)]  # chunk -> [pushed, acked] in step PLAN_STEP
 
     def step_bytes(self, w: int) -> float:
         return float(sum(nbytes for _, nbytes in self.chunks))
@@ -66,13 +68,15 @@ class OverlapPS:
         else:
             self._push_fifo(w, self.chunks[c][0], step)
 
-    def _plan(self, w: int, c: int) -> None:
-        """Worker w's push order from step PLAN_STEP's ready times, once all of them are in (the worker
-        plans at that step's end: the order is the same)."""
-        self.handed[w][c] = self.net.now
-        if len(self.handed[w]) == len(self.chunks):
+    def _plan(self, w: int, c: int | None = None) -> None:
+        """Worker w's push order from step PLAN_STEP's ready times (and spans), once all of them are in (the
+        worker plans at that step's end: the order is the same)."""
+        if c is not None:
+            self.handed[w][c] = self.net.now
+        spans = [x for x in self.spans[w].values() if x[1] is not None] if self.timed_busy else []
+        if len(self.handed[w]) == len(self.chunks) and len(spans) == (len(self.chunks) if self.timed_busy else 0):
             self.order[w] = push_order([self.handed[w][i] for i in range(len(self.chunks))],
-                                       [nbytes for _, nbytes in self.chunks], self.link_Bps)
+                                       [nbytes for _, nbytes in self.chunks], self.link_Bps, spans or None)
             self.rank[w] = {c: k for k, c in enumerate(self.order[w])}
 
     def _next(self, w: int) -> tuple[int, int]:
@@ -104,6 +108,8 @@ class OverlapPS:
 
     def _push(self, w: int, step: int, c: int) -> None:
         s, nbytes = self.chunks[c]
+        if self.timed_busy and step == PLAN_STEP and self.link_Bps:
+            self.spans[w][c] = [self.net.now, None]
         self._fifo((w, "up", s), self.host_of[w], self.server_host[s], nbytes, lambda: self._pushed(w, step, c))
 
     def _pushed(self, w: int, step: int, c: int) -> None:
@@ -119,6 +125,9 @@ class OverlapPS:
 
     def _acked(self, w: int, c: int) -> None:
         self.unacked[w] -= self.chunks[c][1]
+        if c in self.spans[w] and self.spans[w][c][1] is None:
+            self.spans[w][c][1] = self.net.now
+            self._plan(w)
         self._pump(w)
 
     def _replied(self, w: int, step: int, c: int) -> None:

@@ -41,7 +41,7 @@ import torch
 
 from ...compress import Codec, CodecState
 from ..buckets import Bucket, BucketRange, space_sizes
-from ..serving_order import timed_order
+from ..serving_order import busy_seconds, timed_order
 from .client import PSClient
 from .encoded import decode_sparse_sum, encode_push
 from .frames import FrameCache
@@ -53,17 +53,21 @@ from .sharding import chunk_bytes, plan_chunks
 PLAN_STEP = 1
 
 
-def push_order(handed: list[float], nbytes: list[int], link_Bps: float) -> list[int]:
-    """The chunks' push order from one timed step: the order a serial link of ``link_Bps`` serves them in,
-    taking whenever free the chunk nearest the input (the highest index) among those handed over
-    (``handed[i]``, seconds on any one clock), each for its bytes' time (``serving_order.timed_order``). The
-    simulator's replay plans with this function too (``simulate/overlapped_ps.py``).
+def push_order(handed: list[float], nbytes: list[int], link_Bps: float, spans: list | None = None) -> list[int]:
+    """The chunks' push order from one timed step: the order a serial link serves them in, taking whenever
+    free the chunk nearest the input (the highest index) among those handed over (``handed[i]``, seconds on
+    any one clock), each for its bytes' share of the link's busy seconds (``serving_order.timed_order``): the
+    union of the pushes' ``spans`` (push to ack, as timed: ``--overlap full``, where the next forward waits
+    for the front chunks and the plan must see the backlog the step really had), else the bytes at
+    ``link_Bps``. The simulator's replay plans with this function too (``simulate/overlapped_ps.py``).
 
     >>> push_order([0.0, 0.0, 0.5, 2.5], [1000] * 4, 1000.0)  # 2, ready while 1 holds the link, before 0
     [1, 2, 0, 3]
+    >>> push_order([0.0, 0.0, 1.5, 2.5], [1000] * 4, 1000.0, [(0.0, 4.0), (3.0, 8.0)])  # busy 8 s: 3 before 0
+    [1, 2, 3, 0]
     """
-    return timed_order(handed, sum(nbytes) / link_Bps, nbytes)
-
+    busy_s = busy_seconds(spans) if spans else sum(nbytes) / link_Bps
+    return timed_order(handed, busy_s, nbytes)
 
 
 def chunk_key(b: Bucket) -> str:
@@ -98,16 +102,19 @@ class ChunkTransport:
     (ready, waiting for a credit)."""
 
     def __init__(self, client: PSClient, buckets: list[Bucket], servers: int, device: torch.device, window: int,
-                 codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0, link_Bps: float | None = None):
+                 codec: Codec | None = None, rank: int = 0, credit_bytes: int = 0, link_Bps: float | None = None,
+                 timed_busy: bool = False):
         """``credit_bytes`` > 0: the priority scheduler (``pump``) instead of per-server FIFO queues under
         ``window``; with ``link_Bps`` (``sharding.plan_link_Bps``) it plans the push order once ``PLAN_STEP`` was timed
-        (``push_order``)."""
+        (``push_order``; ``timed_busy``: from the timed step's push-to-ack spans, ``--overlap full``)."""
         self.client, self.window, self.codec, self.credit = client, window, codec, credit_bytes
         self.link_Bps = link_Bps
         self.order: list[int] | None = None  # the planned push order (chunk indices), once planned
         self.rank: dict[int, int] = {}  # chunk index -> its position in ``order``
         self.steps_run = 0  # steps this transport ended (the step numbers start where a resumed run does)
         self.handed_at: dict[int, float] = {}  # chunk index -> when the trainer handed it over (perf_counter)
+        self.timed_busy = timed_busy
+        self.spans: dict[tuple[int, int], list] = {}  # (server, request) -> [pushed, acked] in the timed step
         # per chunk, the codec's state (error-feedback residual, a random codec's draws), seeded per rank
         self.states = {b.index: CodecState(seed=(rank << 20) + b.index) for b in buckets}
         self.chunks: list[list[Bucket]] = [[] for _ in range(servers)]  # per server, in launch order
@@ -161,10 +168,15 @@ class ChunkTransport:
                 self.client.collect(s)
             for key in [k for k in self.unacked if self.client.received(*k)]:
                 self.unacked_bytes -= self.unacked.pop(key)
+                if key in self.spans:
+                    self.spans[key][1] = time.perf_counter()
         while self.unacked_bytes < self.credit and self.ready:
             b = heapq.heappop(self.ready)[1]
             self._push(b)
-            self.unacked[(b.group, self.sent[b.group][-1].req)] = b.nbytes
+            key = (b.group, self.sent[b.group][-1].req)
+            self.unacked[key] = b.nbytes
+            if self.timed_busy and self.order is None and self.steps_run == PLAN_STEP:
+                self.spans[key] = [self.sent[b.group][-1].trace[0], None]
             self.unacked_bytes += b.nbytes
 
     def handed(self, b: Bucket) -> None:
@@ -250,9 +262,12 @@ class ChunkTransport:
     def end_step(self) -> None:
         if self.steps_run == PLAN_STEP and self.link_Bps is not None and len(self.handed_at) == len(self.host):
             nbytes = dict(sorted((b.index, b.nbytes) for mine in self.chunks for b in mine))
-            self.order = push_order([self.handed_at[i] for i in nbytes], list(nbytes.values()), self.link_Bps)
+            spans = [x for x in self.spans.values() if x[1] is not None]
+            self.order = push_order([self.handed_at[i] for i in nbytes], list(nbytes.values()), self.link_Bps,
+                                    spans if len(spans) == len(nbytes) else None)
             self.rank = {c: k for k, c in enumerate(self.order)}
         self.handed_at.clear()
+        self.spans.clear()
         self.steps_run += 1
         self.step += 1
         self.new_step()
