@@ -112,7 +112,7 @@ class TrainConfig:
                                      "full, S server links no narrower than N workers'; else 0: FIFO by --ps-window)",
                                      section="ps", check=at_least(0, " (0 = FIFO per server)"))
     ps_order: str = opt("planned", "the pushes' order under credits, whenever a credit frees: planned (where the "
-                        "link is known; else priority), the ready chunk earliest in the order a link of its rate "
+                        "link is known), the ready chunk earliest in the order a link of its rate (full: its acks' pace) "
                         "served the second step's by priority (TicTac's), or priority, the one nearest the input",
                         section="ps", choices=PS_ORDERS)
     # staleness and the consistency/design pair are checked by the servers' own rule (check_semantics)

@@ -13,8 +13,10 @@ feedback kept per chunk on this worker.
 
 Planned order (``--ps-order planned``; ``priority``, the default, pushes by priority at each freed credit;
 ``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
-ranks its chunks by the order one serial link of the worker's rate would serve them by priority over that
-step's hand-over times, and at each freed credit pushes the ready chunk earliest in that order (the reduce
+ranks its chunks by the order one serial link would serve them by priority over that step's hand-over times
+(at the worker's link rate; under ``--overlap full`` at the pace its pushes were acked in that step, since a
+chunk is answered only once every worker's copy is in and the pushes back up beyond what the link alone says),
+and at each freed credit pushes the ready chunk earliest in that order (the reduce
 family's kept order, ``sync/serving_order.py``; TicTac's, Hashemi et al., SysML'19, used as a ranking so the
 link never idles). Pushed by priority at the instant a credit frees instead (``--ps-order priority``), the
 workers' orders drift apart (acks come back at different times), and a server waits for the last worker's copy
