@@ -91,7 +91,7 @@ def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     """The README's 1 Gbit paragraph: backward within 7% for the reduce family and the PS at N = 2; the
     reduce family's full points 1.04-1.09x with its updates (3-6% of a step) in the bound (2026-12-06's slower draw
     of the machine; 1.03-1.05x on the draw before), more without them; the PS's full point at N = 2 1.08x with the
-    chunk fitted for full, at N = 4 1.23x with the cores it would need at its bound near 0.85."""
+    chunk fitted for full, at N = 4 1.19x with the cores it would need at its bound near 0.8."""
     g = at(runs, link_rate="1gbit")
     back = at(g, overlap="backward")
     assert (back[~((back["sync"] == "ps") & (back["workers"] == 4))]["step_over_bound"] <= 1.07).all()
@@ -100,7 +100,7 @@ def test_1_gbit_is_where_the_bound_leaves_out_most(runs):
     assert reduce["step_over_bound"].between(1.04, 1.095).all()
     ps_by_n = ps.set_index("workers")
     assert ps_by_n.loc[2, "step_over_bound"] < 1.10 and ps_by_n.loc[2, "chunk_drain"] == 4
-    assert 1.15 < ps_by_n.loc[4, "step_over_bound"] < 1.25 and ps_by_n.loc[4, "cpu_at_bound"] > 0.8
+    assert 1.15 < ps_by_n.loc[4, "step_over_bound"] < 1.25 and ps_by_n.loc[4, "cpu_at_bound"] > 0.75
     unupdated = with_bounds(reduce.drop(columns=["step_bound_s", "step_over_bound"]).assign(update_s_p50=0.0))
     assert (unupdated["step_over_bound"] > reduce["step_over_bound"] + 0.01).all()
     assert (g[g["sync"] != "ps"]["update_s_p50"] / g[g["sync"] != "ps"]["step_bound_s"]).between(0.015, 0.06).all()
