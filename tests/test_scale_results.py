@@ -173,8 +173,7 @@ def test_async_check_claims():
 
 
 def test_scale_overlap_claims():
-    """results/scale_overlap's README: with overlap the PS with S = N and the ring about tie (with the PS's push order
-    planned, the ring 1.3% ahead at N = 8, 10 Gbit/s; the PS ahead elsewhere);
+    """results/scale_overlap's README: with overlap the PS with S = N stays ahead of the ring at a smaller margin;
     full lifts both most at 10 Gbit/s; the ring's full loses to its backward at 25 Gbit/s; S = N/4 is server-bound
     (backward and full the same step)."""
     df = pd.read_csv(FOLDER.parent / "scale_overlap" / "runs.csv")
@@ -184,7 +183,7 @@ def test_scale_overlap_claims():
     df["arr"] = ["ring" if s == "allreduce" else f"ps/{n // k}" for s, n, k in zip(df["sync"], df["workers"], df["servers"])]
     eff = df.pivot_table(index=["link_rate", "arr", "workers"], columns="overlap", values="eff")
     best = eff.max(axis=1)
-    for rate, lead_none, leads in (("10gbit", (1.15, 1.30), {8: (0.98, 1.0), 16: (1.04, 1.10)}),
+    for rate, lead_none, leads in (("10gbit", (1.15, 1.30), {8: (1.04, 1.10), 16: (1.10, 1.15)}),
                                    ("25gbit", (1.08, 1.2), {8: (1.0, 1.04), 16: (1.0, 1.04)})):
         for n, lead_best in leads.items():
             ps, ring = eff.loc[(rate, "ps/1", n)], eff.loc[(rate, "ring", n)]

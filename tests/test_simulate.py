@@ -20,8 +20,8 @@ RESULTS = Path(__file__).resolve().parent.parent / "results"
 # link-bound runs the replay misses by more than 10%, each for the reason results/simulate/README.md gives
 KNOWN = {("overlap", "ring", "resnet18", "none"), ("compression_sync", "ring", "resnet18", "none"),
          ("compression_sync", "ring", "resnet18", "fp16")}
-# overlapped: the PS at N = 4, 1 Gbit since its push order is planned (0.89-0.90: the schedule at its bound, the
-# cores' 0.7-0.8 not in the replay; results/simulate/README.md)
+# overlapped: the PS's backward at N = 4, 1 Gbit since its push order is planned (0.895: the schedule at its bound,
+# the cores' 0.7 not in the replay; results/simulate/README.md)
 KNOWN_OVERLAPPED = {("overlap", "ps", 4, "1gbit")}
 
 
