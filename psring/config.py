@@ -43,8 +43,7 @@ class OptimConfig:
         check_options(self)
 
 
-# Options newer than runs saved without them, and the value those runs ran with (``from_dict``)
-RAN_BEFORE = {"ps_order": "priority"}
+RAN_BEFORE = {"ps_order": "priority"}  # options newer than runs saved without them: what those ran (``from_dict``)
 
 _SYNC_HELP = "how gradients are synchronized: " + "; ".join(f"{n}: {strategies.get(n).help}"
                                                             for n in strategies.names())
@@ -278,8 +277,9 @@ class TrainConfig:
         if "betas" in optim:
             optim["betas"] = tuple(optim["betas"])
         d["optim"] = OptimConfig(**optim)
-        for x in (x for x in declared(cls) if x.name in RAN_BEFORE and x.name not in d):  # where its strategy reads it
-            d[x.name] = RAN_BEFORE[x.name] if d.get("sync") in owners(x.option.section) else x.default
+        for x in declared(cls):  # an option newer than the run, where its strategy reads it: what the run ran with
+            if x.name in RAN_BEFORE and x.name not in d and d.get("sync") in owners(x.option.section):
+                d[x.name] = RAN_BEFORE[x.name]
         return cls(**d)
 
     def save(self, path: Path) -> None:

@@ -73,10 +73,11 @@ class OverlapPS:
         worker plans at that step's end: the order is the same)."""
         if c is not None:
             self.handed[w][c] = self.net.now
-        spans = [x for x in self.spans[w].values() if x[1] is not None] if self.timed_busy else []
-        if len(self.handed[w]) == len(self.chunks) and len(spans) == (len(self.chunks) if self.timed_busy else 0):
-            self.order[w] = push_order([self.handed[w][i] for i in range(len(self.chunks))],
-                                       [nbytes for _, nbytes in self.chunks], self.link_Bps, spans or None)
+        n = len(self.chunks)
+        spans = [x for x in self.spans[w].values() if x[1] is not None] if self.timed_busy else None
+        if len(self.handed[w]) == n and (spans is None or len(spans) == n):
+            self.order[w] = push_order([self.handed[w][i] for i in range(n)], [nbytes for _, nbytes in self.chunks],
+                                       self.link_Bps, spans)
             self.rank[w] = {c: k for k, c in enumerate(self.order[w])}
 
     def _next(self, w: int) -> tuple[int, int]:

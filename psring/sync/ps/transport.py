@@ -11,7 +11,7 @@ server-optimizer design, its update ran). Frames go to ZeroMQ without copies: th
 With a codec (``--compress``), a push carries the chunk's encoding instead (``encoded``), error
 feedback kept per chunk on this worker.
 
-Planned order (``--ps-order planned``; ``priority``, the default, pushes by priority at each freed credit;
+Planned order (``--ps-order planned``, the default; ``priority`` pushes by priority at each freed credit;
 ``push_order``): under credits, once a step was timed (``PLAN_STEP``), every later step
 ranks its chunks by the order one serial link would serve them by priority over that step's hand-over times
 (at the worker's link rate; under ``--overlap full`` at the pace its pushes were acked in that step, since a
@@ -177,7 +177,7 @@ class ChunkTransport:
             self._push(b)
             key = (b.group, self.sent[b.group][-1].req)
             self.unacked[key] = b.nbytes
-            if self.timed_busy and self.order is None and self.steps_run == PLAN_STEP:
+            if self.timed_busy and self.link_Bps is not None and self.order is None and self.steps_run == PLAN_STEP:
                 self.spans[key] = [self.sent[b.group][-1].trace[0], None]
             self.unacked_bytes += b.nbytes
 
