@@ -16,6 +16,9 @@ schedule and as many credits as psring's) against ``psring.bench.echo`` servers:
   all N (``echo --bsp``): the work of a BSP PS with none of psring's logic, at psring's chunk and at each
   of ``--floor-chunks-kb``.
 
+- ``trainer`` (``--floors bsp,trainer``): the ``bsp`` floor again with the trainer's own work on this machine's
+  cores as psring does it (``paced --trainer-work``: zero_grad and the gradients' accumulation), at the same chunks.
+
 ``paced``'s docstring lists what the floors leave out. Writes OUT/overlap_floor.csv (one row per run: kind,
 mode, repeat, chunk, step p50 (each step its slowest worker's, as psring's summary has it), the bound of its mode, CPU utilisation over the
 timed steps, the hosts' TCP congestion control) and OUT/summary.json: per mode the medians (and spreads) of psring's step and each floor's, over
@@ -54,7 +57,7 @@ START_DELAY_S = 3.0  # workers import numpy and zmq and connect before the commo
 
 
 def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: int, compute_s: float, mode: str,
-              steps: int, warmup: int, scratch: Path, bsp: bool = False, cc: str = "") -> dict:
+              steps: int, warmup: int, scratch: Path, bsp: bool = False, cc: str = "", trainer: bool = False) -> dict:
     """One floor run on a fresh emulated network; its step p50 (each step its slowest worker's), CPU, and the
     TCP congestion control its hosts ran."""
     kids, nbytes = Children(), sum(sizes)
@@ -73,7 +76,7 @@ def floor_run(n: int, s: int, rate: str, sizes: list[int], chunk: int, credits: 
             workers = [kids.spawn(f"paced worker {r}", net.exec_prefix(r) + [
                 sys.executable, "-m", "psring.bench.paced", "--addrs", str(addrs), "--sizes", str(sizes_file),
                 "--chunk", str(chunk), "--credits", str(credits), "--forward", str(fwd), "--backward", str(bwd),
-                "--mode", mode, *(["--keyed"] if bsp else []), "--steps", str(steps), "--start-at", str(start_at), "--out",
+                "--mode", mode, *(["--keyed"] if bsp else []), *(["--trainer-work"] if trainer else []), "--steps", str(steps), "--start-at", str(start_at), "--out",
                 str(scratch / f"worker{r}.json")], child_env(1), scratch / f"worker{r}.log") for r in range(n)]
             samples = watch(workers, time.monotonic() + 120 + steps * 10 * max(compute_s, 0.1),
                             f"{mode}, chunk {chunk}", scratch)
@@ -114,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--floors", default="bsp", help="bsp, trainer (the BSP floor with the trainer's work), or both")
     ap.add_argument("--link-cc", default="", help="TCP congestion control on every host (default: the machine's)")
     ap.add_argument("--out", default="results/overlap_floor")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
-    if not modes or set(modes) - set(MODES) or a.workers < 1 or a.servers < 1 or a.repeats < 1:
-        raise SystemExit(f"overlap_floor: --modes of {', '.join(MODES)}, N, S and --repeats >= 1")
+    floors = [f for f in a.floors.split(",") if f]
+    if not modes or set(modes) - set(MODES) or a.workers < 1 or a.servers < 1 or a.repeats < 1 or not floors or \
+            set(floors) - {"bsp", "trainer"}:
+        raise SystemExit(f"overlap_floor: --modes of {', '.join(MODES)}, --floors of bsp, trainer, N, S and --repeats >= 1")
     n, s, out = a.workers, a.servers, Path(a.out)
     sizes = list(param_bytes(a.model))
     nbytes = sum(sizes)
@@ -143,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                            out / "runs" / f"psring_{mode}_{rep}", cc=a.link_cc)
             record("psring", mode, rep, int(r["chunk_bytes"]), r, bound_at(r["row"], nbytes, int(r["chunk_bytes"])))
             own = int(r["chunk_bytes"])
-            for kind, chunk in [("echo", own), *(("bsp", c) for c in [own, *(c for c in ladder if c != own)])]:
+            chunks = [own, *(c for c in ladder if c != own)]
+            for kind, chunk in [("echo", own), *((k, c) for c in chunks for k in floors)]:
                 scratch = Path(tempfile.mkdtemp(prefix="psring-floor-"))  # kept where a run fails: its logs
                 f = floor_run(n, s, a.rate, sizes, chunk, credits, compute_s, mode, a.steps, a.warmup, scratch,
-                              bsp=kind == "bsp", cc=a.link_cc)
+                              bsp=kind != "echo", cc=a.link_cc, trainer=kind == "trainer")
                 shutil.rmtree(scratch)
                 record(kind, mode, rep, chunk, f, bound_at(r["row"], nbytes, chunk))
     df = pd.DataFrame(rows)
@@ -159,19 +166,20 @@ def main(argv: list[str] | None = None) -> int:
         own = m[m.kind == "psring"]
         chunk = int(own["chunk_bytes"].median())
         at_own = lambda kind: m[(m.kind == kind) & (m.chunk_bytes == chunk)].set_index("repeat")["step_s_p50"]  # noqa: E731
-        bsp = m[m.kind == "bsp"].assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
-        best_chunk = int(bsp.groupby("chunk_bytes")["over"].median().idxmin())  # nearest its own bound
-        best = bsp[bsp.chunk_bytes == best_chunk].set_index("repeat")["step_s_p50"]
         ps, bound = own.set_index("repeat")["step_s_p50"], own["bound_s"].median()
-        best_bound = bsp[bsp.chunk_bytes == best_chunk]["bound_s"].median()
-        summary[mode] = {"bound_s": bound, "psring_chunk_bytes": chunk, "bsp_best_bound_s": best_bound,
-                         **{f"{k}_s": v.median() for k, v in [("psring", ps), ("echo", at_own("echo")),
-                                                                ("bsp", at_own("bsp")), ("bsp_best", best)]},
-                         **{f"{k}_spread_s": v.max() - v.min() for k, v in [("psring", ps), ("bsp", at_own("bsp"))]},
-                         "bsp_best_chunk_bytes": best_chunk, "bsp_best_over_bound": best.median() / best_bound,
-                         **{f"{k}_over_bound": v.median() / bound for k, v in
-                            [("psring", ps), ("echo", at_own("echo")), ("bsp", at_own("bsp"))]},
-                         "psring_over_bsp": (ps / at_own("bsp")).median()}
+        summary[mode] = {"bound_s": bound, "psring_chunk_bytes": chunk, "psring_s": ps.median(),
+                         "psring_spread_s": ps.max() - ps.min(), "psring_over_bound": ps.median() / bound,
+                         "echo_s": at_own("echo").median(), "echo_over_bound": at_own("echo").median() / bound}
+        for kind in floors:  # the BSP floor's keys: bsp_*; the trainer floor's: trainer_*
+            f = m[m.kind == kind].assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+            best_chunk = int(f.groupby("chunk_bytes")["over"].median().idxmin())  # nearest its own bound
+            best = f[f.chunk_bytes == best_chunk].set_index("repeat")["step_s_p50"]
+            summary[mode] |= {f"{kind}_s": at_own(kind).median(), f"{kind}_spread_s": at_own(kind).max() - at_own(kind).min(),
+                              f"{kind}_over_bound": at_own(kind).median() / bound, f"{kind}_best_s": best.median(),
+                              f"{kind}_best_chunk_bytes": best_chunk,
+                              f"{kind}_best_bound_s": f[f.chunk_bytes == best_chunk]["bound_s"].median(),
+                              f"{kind}_best_over_bound": best.median() / f[f.chunk_bytes == best_chunk]["bound_s"].median(),
+                              f"psring_over_{kind}": (ps / at_own(kind)).median()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0

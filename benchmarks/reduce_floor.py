@@ -10,6 +10,9 @@ own, the same compute, forward 1/3 and backward 2/3 with each tensor its share b
 emulated`` has it), run by ``psring.bench.reduce_paced``: raw gloo all-reduces in one thread each, in a fixed
 priority order with two in flight, as psring's scheduler keeps them, cut as psring cuts them (``--flat``: equal
 slices), at psring's partition and at each of ``--partitions-mb``. ``reduce_paced``'s docstring lists what the floor leaves out.
+``--floors plain,trainer`` runs each floor twice, the second (kind ``trainer``) with the trainer's own work on
+this machine's cores as psring does it (``reduce_paced --trainer-work``: zero_grad, the gradients' accumulation,
+and psring's fused momentum-SGD update in place of plain SGD).
 
 Writes OUT/reduce_floor.csv (one row per run: kind, mode, repeat, partition, step p50 (each step its slowest
 worker's, as psring's summary has it), the bound of its mode (with the run's own update time), CPU utilisation
@@ -48,7 +51,7 @@ START_DELAY_S = 6.0  # ranks import torch, meet at the store and connect gloo's 
 
 
 def floor_run(n: int, rate: str, sizes: list[int], partition: int, compute_s: float, mode: str, steps: int,
-              warmup: int, scratch: Path, flat: bool = False) -> dict:
+              warmup: int, scratch: Path, flat: bool = False, trainer: bool = False) -> dict:
     """One floor run on a fresh emulated network: its step p50 (each step its slowest rank's), the ranks'
     median update seconds a step, and CPU."""
     kids = Children()
@@ -61,7 +64,7 @@ def floor_run(n: int, rate: str, sizes: list[int], partition: int, compute_s: fl
             ranks = [kids.spawn(f"reduce floor rank {r}", net.exec_prefix(r) + [
                 sys.executable, "-m", "psring.bench.reduce_paced", "--sizes", str(sizes_file), "--partition",
                 str(partition), "--forward", str(fwd), "--backward", str(bwd), "--link-Bps", str(link_Bps(rate)),
-                "--mode", mode, *(["--flat"] if flat else []), "--steps", str(steps), "--start-at", str(start_at), "--out",
+                "--mode", mode, *(["--flat"] if flat else []), *(["--trainer-work"] if trainer else []), "--steps", str(steps), "--start-at", str(start_at), "--out",
                 str(scratch / f"rank{r}.json")],
                 child_env(1, RANK=r, WORLD_SIZE=n, MASTER_ADDR=net.hosts[0].addr, MASTER_PORT=port,
                           GLOO_SOCKET_IFNAME=net.hosts[0].iface), scratch / f"rank{r}.log") for r in range(n)]
@@ -96,14 +99,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="full")
     ap.add_argument("--partitions-mb", default="1,2,3.5,5,7", help="the floor's partition ladder (MiB), beside psring's")
     ap.add_argument("--flat", action="store_true", help="the floors cut equal slices, not psring's partitions")
+    ap.add_argument("--floors", default="plain", help="plain, trainer (the trainer's own work in: the docstring), or both")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default="results/reduce_floor")
     a = ap.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
-    if not modes or set(modes) - set(MODES) or a.workers < 2 or a.repeats < 1:
-        raise SystemExit(f"reduce_floor: --modes of {', '.join(MODES)}, N >= 2 and --repeats >= 1")
+    floors = [f for f in a.floors.split(",") if f]
+    if not modes or set(modes) - set(MODES) or a.workers < 2 or a.repeats < 1 or not floors or \
+            set(floors) - {"plain", "trainer"}:
+        raise SystemExit(f"reduce_floor: --modes of {', '.join(MODES)}, --floors of plain, trainer, N >= 2 and "
+                         f"--repeats >= 1")
     n, out = a.workers, Path(a.out)
     sizes = list(param_bytes(a.model))
     nbytes = sum(sizes)
@@ -113,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def record(kind: str, mode: str, rep: int, part: int, r: dict, row: dict) -> None:
         bound = step_bound_s({**row, "update_s_p50": r["update_s_p50"]}, nbytes)
-        cut = "flat" if kind == "floor" and a.flat else "aligned"
+        cut = "flat" if kind != "psring" and a.flat else "aligned"
         rows.append({"kind": kind, "mode": mode, "repeat": rep, "partition_bytes": part, "cut": cut,
                      "step_s_p50": r["step_s_p50"], "update_s_p50": r["update_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"]})
         print(f"rep {rep} {mode:8} {kind:6} partition {part:>9}: {r['step_s_p50']:.3f} s "
@@ -125,10 +132,12 @@ def main(argv: list[str] | None = None) -> int:
                            out / "runs" / f"psring_{mode}_{rep}")
             record("psring", mode, rep, r["partition_bytes"], r, r["row"])
             for part in [r["partition_bytes"], *ladder]:
-                scratch = Path(tempfile.mkdtemp(prefix="psring-rfloor-"))  # kept where a run fails: its logs
-                f = floor_run(n, a.rate, sizes, part, a.compute_ms / 1000, mode, a.steps, a.warmup, scratch, a.flat)
-                shutil.rmtree(scratch)
-                record("floor", mode, rep, part, f, r["row"])
+                for kind in floors:
+                    scratch = Path(tempfile.mkdtemp(prefix="psring-rfloor-"))  # kept where a run fails: its logs
+                    f = floor_run(n, a.rate, sizes, part, a.compute_ms / 1000, mode, a.steps, a.warmup, scratch, a.flat,
+                                  trainer=kind == "trainer")
+                    shutil.rmtree(scratch)
+                    record("floor" if kind == "plain" else "trainer", mode, rep, part, f, r["row"])
     df = pd.DataFrame(rows)
     df.to_csv(out / "reduce_floor.csv", index=False)
     df["over"] = df["step_s_p50"] / df["bound_s"]
@@ -137,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                "minutes": round((time.time() - t_start) / 60, 1)}
     for mode in modes:
         m = df[df["mode"] == mode]
-        own, floor = m[m.kind == "psring"], m[(m.kind == "floor") & m.partition_bytes.isin(ladder)]
-        by = floor.groupby("partition_bytes")
+        own = m[m.kind == "psring"]
         summary[mode] = {"psring_s": own["step_s_p50"].median(), "psring_over_bound": own["over"].median(),
                          "psring_spread_s": own["step_s_p50"].max() - own["step_s_p50"].min(),
-                         "psring_partition_bytes": own["partition_bytes"].tolist(),
-                         "floor_over_bound": {int(k): round(v, 4) for k, v in by["over"].median().items()},
-                         "floor_s": {int(k): round(v, 4) for k, v in by["step_s_p50"].median().items()},
-                         "floor_best_over_bound": by["over"].median().min()}
+                         "psring_partition_bytes": own["partition_bytes"].tolist()}
+        for kind in ("floor", "trainer"):  # (the trainer floor's keys: trainer_*)
+            by = m[(m.kind == kind) & m.partition_bytes.isin(ladder)].groupby("partition_bytes")
+            if len(by):
+                summary[mode] |= {f"{kind}_over_bound": {int(k): round(v, 4) for k, v in by["over"].median().items()},
+                                  f"{kind}_s": {int(k): round(v, 4) for k, v in by["step_s_p50"].median().items()},
+                                  f"{kind}_best_over_bound": by["over"].median().min()}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0

@@ -17,7 +17,10 @@ servers that run the SGD update, ``--update-bytes``), in one thread and one even
   every chunk ready when backward ends (with F = Bw = 0: the burst, the transport alone).
 
 What it leaves out, each a cost psring pays and this floor does not: emulated gradients (no bucket is
-zeroed or filled), headers, steps and checks, a trainer's thread apart from the communication's. Against
+zeroed or filled), headers, steps and checks, a trainer's thread apart from the communication's.
+``--trainer-work`` puts the first in, as psring's trainer does that work on this machine's cores: the gradient
+buffer zeroed before each backward (``zero_grad``) and each tensor's fixed gradient added into it when backward
+makes it (autograd accumulating into psring's buckets); a PS worker has no update of its own. Against
 plain echo servers it also leaves out acknowledgements (credits come back with replies) and a BSP
 server's wait for the other workers' pushes (each push is answered at once, with its own update); with
 ``--keyed`` against ``echo --bsp N`` it has both. A reply is copied into the worker's parameters, which
@@ -48,7 +51,7 @@ REPLY_TIMEOUT_S = 60.0  # no reply for this long: a server is gone
 
 class PacedWorker:
     def __init__(self, addrs: list[str], sizes: list[int], chunk: int, credits: int, forward_s: float,
-                 backward_s: float, mode: str, keyed: bool = False):
+                 backward_s: float, mode: str, keyed: bool = False, trainer_work: bool = False):
         self.ctx = zmq.Context()
         self.socks = []
         for a in addrs:
@@ -65,6 +68,10 @@ class PacedWorker:
         self.chunks_of = [range(lo // chunk, (hi - 1) // chunk + 1) for lo, hi in self.tensors]  # a tensor's chunks
         self.grads = np.zeros(nbytes, dtype=np.uint8)  # what is pushed (zeros: float32 0.0)
         self.params = np.zeros(nbytes, dtype=np.uint8)  # where replies land
+        # --trainer-work: the fixed gradient autograd adds into the buffer (float32, as psring's buckets)
+        self.fixed = np.random.default_rng(0).standard_normal(nbytes // 4, dtype=np.float32) * np.float32(1e-3) \
+            if trainer_work else None
+        self.floats = self.grads[:nbytes // 4 * 4].view(np.float32)
         self.credits, self.mode, self.keyed = credits, mode, keyed
         self.fwd_per_byte, self.bwd_per_byte = forward_s / nbytes, backward_s / nbytes
         self.ready: list[int] = []  # heap of chunk indices ready to leave
@@ -134,10 +141,14 @@ class PacedWorker:
             clock += (hi - lo) * self.fwd_per_byte
             self.pump(until_s=clock)
         made = len(self.bounds)  # chunks from here on are made
+        if self.fixed is not None:  # the trainer's zero_grad (every push of the last step was answered)
+            self.floats[:] = 0
         for j in reversed(range(len(self.tensors))):  # backward, back first: a tensor's gradient whole at once
             lo, hi = self.tensors[j]
             clock += (hi - lo) * self.bwd_per_byte
             self.pump(until_s=clock)
+            if self.fixed is not None:  # autograd accumulating the tensor's gradient into its bucket
+                np.add(self.floats[lo // 4:hi // 4], self.fixed[lo // 4:hi // 4], out=self.floats[lo // 4:hi // 4])
             while self.mode != NONE and made and self.bounds[made - 1][0] >= lo:
                 made -= 1
                 self._ready(made)
@@ -172,12 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backward", type=float, default=0.0)
     ap.add_argument("--mode", choices=MODES, default=BACKWARD)
     ap.add_argument("--keyed", action="store_true", help="chunks keyed on the wire (for ``echo --bsp``)")
+    ap.add_argument("--trainer-work", action="store_true", help="the trainer's zero_grad and accumulation (the docstring)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--start-at", type=float, required=True, help="time.time() to start at (all workers alike)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     w = PacedWorker(json.loads(Path(a.addrs).read_text()), json.loads(Path(a.sizes).read_text()), a.chunk, a.credits, a.forward, a.backward,
-                    a.mode, a.keyed)
+                    a.mode, a.keyed, a.trainer_work)
     try:
         starts = w.run(a.steps, a.start_at)
     finally:

@@ -20,7 +20,12 @@ two reductions in flight) with plain gloo all-reduces, in one thread:
 
 What it leaves out, each a cost psring pays and this floor does not: emulated gradients (no buffer zeroed or
 filled by autograd), a trainer's thread apart from a scheduler's, buckets of whole parameters, consensus on
-the order in the first steps, trace records. Completions wake the loop through the works' futures, so
+the order in the first steps, trace records; and its update is plain SGD (``p -= lr g``). ``--trainer-work``
+puts the first and the last in, as psring's trainer does that work on this machine's cores: the gradient
+buffer zeroed before each backward (``zero_grad``) and each tensor's fixed gradient added into it when
+backward makes it (autograd accumulating into psring's buckets), and the update psring's workers run (torch's
+fused momentum SGD with weight decay, ``OptimConfig``'s defaults, dividing the sum by N as it reads it,
+``base.make_local_optimizer``), each partition's just before the layers that need it. Completions wake the loop through the works' futures, so
 waiting costs no CPU. Each step's start, as ``time.time()``, and the seconds its updates took go to ``--out``
 (JSON). Run as ``python -m psring.bench.reduce_paced`` under torchrun's variables (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT).
@@ -103,7 +108,7 @@ def order(sizes: list[int], parts: list[tuple[int, int]], backward_s: float, lin
 
 class PacedReducer:
     def __init__(self, sizes: list[int], partition: int, credits: int, forward_s: float, backward_s: float,
-                 mode: str, link_s_per_byte: float, flat: bool = False):
+                 mode: str, link_s_per_byte: float, flat: bool = False, trainer_work: bool = False, world: int = 1):
         nbytes = sum(sizes)
         ends = list(itertools.accumulate(sizes))
         self.tensors = list(zip([0, *ends[:-1]], ends))  # each parameter tensor's bytes, in forward order
@@ -112,6 +117,10 @@ class PacedReducer:
         self.order = order(sizes, self.parts, backward_s, link_s_per_byte)
         self.grads = torch.zeros(nbytes // 4)  # summed in place (zeros stay zeros)
         self.params = torch.zeros(nbytes // 4)
+        # --trainer-work: the fixed gradient autograd adds into the buffer, and psring's update of each partition
+        self.fixed = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(world)).mul_(1e-3) \
+            if trainer_work else None
+        self.sgd = trainer_update(nbytes // 4, world) if trainer_work else None
         self.credits, self.mode = credits, mode
         self.fwd_per_byte, self.bwd_per_byte = forward_s / nbytes, backward_s / nbytes
         self.cond = threading.Condition()
@@ -162,7 +171,10 @@ class PacedReducer:
         for k in ks:
             if not self.updated[k]:
                 lo, hi = self.parts[k]
-                self.params[lo // 4:hi // 4].add_(self.grads[lo // 4:hi // 4], alpha=-LR)
+                if self.sgd is not None:
+                    self.sgd(self.params, self.grads, lo // 4, hi // 4)
+                else:
+                    self.params[lo // 4:hi // 4].add_(self.grads[lo // 4:hi // 4], alpha=-LR)
                 self.updated[k] = True
         self.update_s += time.perf_counter() - t0
 
@@ -181,10 +193,14 @@ class PacedReducer:
             self.done = [False] * len(self.parts)  # this step's, until its own all-reduce is
         self.next, self.updated, self.ready = 0, [False] * len(self.parts), [False] * len(self.parts)
         made = len(self.parts)  # partitions from here on are made
+        if self.fixed is not None:  # the trainer's zero_grad
+            self.grads.zero_()
         for j in reversed(range(len(self.tensors))):  # backward, back first
             lo, hi = self.tensors[j]
             clock += (hi - lo) * self.bwd_per_byte
             self.pump(until_s=clock)
+            if self.fixed is not None:  # autograd accumulating the tensor's gradient into its bucket
+                self.grads[lo // 4:hi // 4].add_(self.fixed[lo // 4:hi // 4])
             while self.mode != NONE and made and self.parts[made - 1][0] >= lo:
                 made -= 1
                 self.ready[made] = True
@@ -211,6 +227,23 @@ class PacedReducer:
         return starts, updates
 
 
+def trainer_update(numel: int, world: int):
+    """``update(params, grads, lo, hi)``: psring's workers' update of elements lo..hi (torch's fused momentum
+    SGD with weight decay, ``OptimConfig``'s defaults, the sum divided by ``world`` as the kernel reads it, as
+    ``base.make_local_optimizer`` has it), momentum kept here."""
+    from torch.optim.sgd import sgd
+
+    from ..config import OptimConfig
+
+    cfg, moms, scale = OptimConfig(), torch.zeros(numel), torch.tensor(float(world))
+
+    def update(params: torch.Tensor, grads: torch.Tensor, lo: int, hi: int) -> None:
+        sgd([params[lo:hi]], [grads[lo:hi]], [moms[lo:hi]], fused=True, grad_scale=scale, weight_decay=cfg.weight_decay,
+            momentum=cfg.momentum, lr=cfg.lr, dampening=0.0, nesterov=False, maximize=False)
+
+    return update
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", required=True, help="JSON file: the parameter tensors' bytes, in forward order")
@@ -221,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backward", type=float, default=0.0)
     ap.add_argument("--link-Bps", type=float, required=True, help="one worker's payload rate (for the order)")
     ap.add_argument("--mode", choices=MODES, default=FULL)
+    ap.add_argument("--trainer-work", action="store_true", help="the trainer's zero_grad, accumulation and update, "
+                                                                "as psring's (the docstring)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--start-at", type=float, required=True, help="time.time() to start at (all ranks alike)")
     ap.add_argument("--out", required=True)
@@ -229,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
     ring = 2 * (world - 1) / world  # bytes on one worker's link per byte reduced
     w = PacedReducer(json.loads(Path(a.sizes).read_text()), a.partition, a.credits, a.forward, a.backward, a.mode,
-                     ring / a.link_Bps, a.flat)
+                     ring / a.link_Bps, a.flat, a.trainer_work, world)
     dist.barrier()
     starts, updates = w.run(a.steps, a.start_at)
     dist.barrier()
