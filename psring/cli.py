@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:  # its own parser: argparse's REMAINDER would swallow nothing before a flag
-        from .plot import main as plot_main
+        from .plot_cli import main as plot_main
 
         return plot_main(argv[1:])
     args = build_parser().parse_args(argv)

@@ -83,5 +83,5 @@ def add_tool_parsers(sub) -> None:
     nc.add_argument("--all", action="store_true", help="every psring namespace, even of runs still alive")
     nc.set_defaults(func=cmd_net)
 
-    # listed for `psring --help`; cli.main hands `psring plot ...` to psring.plot.main before parsing
+    # listed for `psring --help`; cli.main hands `psring plot ...` to psring.plot_cli.main before parsing
     sub.add_parser("plot", help="regenerate the figures of a results folder from its CSVs (psring plot --help)")

@@ -156,6 +156,21 @@ def test_main_missing_folder_exit_2_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("psring plot: error:") and "nope" in err
 
 
+def test_a_missing_folder_or_format_is_refused_before_the_plotting_libraries_load(tmp_path):
+    """``psring plot``'s command line (``plot_cli``) checks its folder and formats before it imports psring.plot,
+    matplotlib, pandas or torch (seconds on a busy machine), so a typo costs no wait."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from psring.plot_cli import main; rc = (main([sys.argv[1]]), main([sys.argv[2], '--formats', "
+            "'gif'])); heavy = [m for m in ('psring.plot', 'matplotlib', 'pandas', 'torch') if m in sys.modules]; "
+            "print(rc, heavy)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "nope"), str(tmp_path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == "(2, 2) []", out
+    assert out.stderr.count("psring plot: error:") == 2
+
+
 @pytest.mark.parametrize("argv", [[], ["--formats", "gif"], ["--calibration", "missing.json"]],
                          ids=["empty-folder", "bad-format", "missing-calibration"])
 def test_main_bad_input_exit_2(tmp_path, capsys, argv):

@@ -51,8 +51,6 @@ same data give the same files.
 """
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -250,28 +248,7 @@ def plot_results(folder: str | Path, calibration: str | Path | None = None,
     return written
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="psring plot", description=__doc__.splitlines()[0])
-    ap.add_argument("folder", help="a results folder, e.g. results/scaling")
-    ap.add_argument("--calibration", metavar="FILE",
-                    help="calibration.json for the cost model (default: FOLDER/calibration.json if present)")
-    ap.add_argument("--formats", default="png,svg", help="comma-separated: png, svg, pdf (default png,svg)")
-    ap.add_argument("--out", metavar="DIR", help="where to write the figures (default FOLDER/figures)")
-    a = ap.parse_args(argv)
-    formats = tuple(f.strip().lower() for f in a.formats.split(",") if f.strip())
-    bad = [f for f in formats if f not in ("png", "svg", "pdf")]
-    try:
-        if bad or not formats:
-            raise ValueError(f"unknown format(s) {','.join(bad) or a.formats!r}; use png, svg or pdf")
-        paths = plot_results(a.folder, a.calibration, formats, a.out)
-    except (FileNotFoundError, ValueError, KeyError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"psring plot: error: {msg}", file=sys.stderr)
-        return 2
-    for p in paths:
-        print(p)
-    return 0
+from ..plot_cli import main  # noqa: E402 - the command line, kept light (``psring/plot_cli.py``)
 
 
 if __name__ == "__main__":
