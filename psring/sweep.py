@@ -40,6 +40,7 @@ import pandas as pd
 
 from . import strategies
 from .config import DEFAULT_STEPS, RAN_BEFORE, ConfigError, OptimConfig, TrainConfig
+from .results import load_config, load_summary
 
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
 CONFIG_KEYS = ({f.name for f in dataclasses.fields(TrainConfig)} - {"optim", "out", "ps_addrs"}) | OPTIM_KEYS
@@ -177,9 +178,9 @@ def _comparable(cfg: dict) -> dict:
 def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> bool:
     """Whether ``run_dir`` holds this config's finished run (a simulated one: with the same ``sim_settings``)."""
     try:
-        done = json.loads((run_dir / "config.json").read_text())
+        done = load_config(run_dir)
         if sim is not None:
-            summary = json.loads((run_dir / "summary.json").read_text())
+            summary = load_summary(run_dir)
             if {k: summary.get(k) for k in sim} != sim:
                 return False
         now = _comparable(cfg.to_dict())
@@ -263,7 +264,7 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataF
             print(f"[{i}/{len(runs)}] {ident}: FAILED: {row['error']}", flush=True)
         elif is_finished(run_dir, cfg, sim):
             print(f"[{i}/{len(runs)}] {ident}: finished earlier, skipped", flush=True)
-            row.update(status="ok", error="", **json.loads((run_dir / "summary.json").read_text()))
+            row.update(status="ok", error="", **load_summary(run_dir))
         else:
             elapsed = time.monotonic() - t0
             todo = sum(1 for c, m in zip(configs[i - 1:], sims[i - 1:]) if not is_finished(Path(c.out), c, m))

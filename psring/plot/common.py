@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from ..bounds import gradient_bytes, is_num  # noqa: F401 - part of this module's interface
 from ..costmodel import Link, load_calibration
+from ..results import load_summary
 from ..strategies import REGISTRY, attr, is_baseline, names, uses_servers
 from ..sweep import BASELINE_FREE, baseline_of, setting_text
 
@@ -168,7 +169,7 @@ def run_table(folder: Path) -> pd.DataFrame | None:
     for d in run_folders(folder):
         if not (d / "summary.json").is_file():
             continue
-        row = json.loads((d / "summary.json").read_text())
+        row = load_summary(d)
         cfg_file = d / "config.json"
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         row.update({k: v for k, v in cfg.items() if k in CONFIG_HINTS and k not in row})

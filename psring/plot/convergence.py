@@ -10,6 +10,7 @@ import pandas as pd
 
 from ..strategies import attr, is_baseline, uses_servers
 from ..compress.spec import NONE
+from ..results import load_summary
 from .common import new_figure, strategy_color
 from .compression import by_label, codec_color, mean_curve, run_label
 
@@ -41,7 +42,7 @@ def accuracy_runs(folder: Path) -> list[tuple[dict, pd.DataFrame, dict]]:
         r0 = df[df["rank"] == 0].sort_values("step")
         start = r0["time"].iloc[0] - r0["step_s"].iloc[0]
         ev = r0[r0["test_acc"].notna()].assign(wall_s=lambda x: x["time"] - start)[["step", "wall_s", "test_acc"]]
-        summary = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+        summary = load_summary(d) if (d / "summary.json").exists() else {}
         found.append((json.loads(cfg_file.read_text()), ev, summary))
     if any(c.get("workers", 1) > 1 for c, _, _ in found):  # a sweep's speedup baseline (none, N=1, batch B)
         found = [f for f in found if not (is_baseline(f[0].get("sync")) and f[0].get("workers", 1) == 1)]

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from ..config import ConfigError
+from ..results import load_summary
 from .checks import DEFAULT_ALPHA_US, parse_jitter
 from .profile import NO_JITTER, check_readiness
 
@@ -26,7 +27,7 @@ def other_kind(run_dir: Path, simulated: bool) -> str | None:
     """What ``run_dir`` holds if it is a finished run of the other kind (measured where this sweep replays,
     replayed where it measures): neither may overwrite the other."""
     try:
-        done = bool(json.loads((run_dir / "summary.json").read_text()).get("simulated"))
+        done = bool(load_summary(run_dir).get("simulated"))
     except (OSError, json.JSONDecodeError):
         return None
     return None if done == simulated else ("a replayed" if done else "a measured")
