@@ -123,3 +123,40 @@ def test_ps_plan_pace_ab_claims():
     for n, g in df.groupby("workers"):  # the arms alternate, which goes first flipped each pair
         first = g[g["order"] == 0].sort_values("pair")["plan_pace"].tolist()
         assert len(first) == len(set(g["pair"])) and all(a != b for a, b in zip(first, first[1:])), (n, first)
+
+
+def test_trainer_floor_claims():
+    """The floors with the trainer's own work (``--floors ...,trainer``; results/overlap_floor and results/reduce_floor,
+    trainer_floors.csv): the PS at N = 4, 1 Gbit is level with its BSP floor at its own chunk (0.97-1.02x) and the
+    trainer floor within 3% of the BSP floor there; both floors are above 1.10x at psring's chunk and best at 128-256
+    KB, the trainer floor at 1.05x (backward) and under 1.10x (full). At all-reduce's N = 8 point the trainer floor is
+    1.04-1.07x at 2-3.5 MiB and above 1.10x at 5 MiB, psring 1.03-1.06x it at its own probed partition (1.2-1.3 MB);
+    a fixed 3.5 MB partition beat the probed one in each of three alternating pairs. The summaries are the tables'."""
+    ps = pd.read_csv(RESULTS / "overlap_floor" / "trainer_floors.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    summary = json.loads((RESULTS / "overlap_floor" / "trainer_floors_summary.json").read_text())
+    assert set(ps["kind"]) == {"psring", "echo", "bsp", "trainer"} and ps["repeat"].nunique() == 2
+    for mode, g in ps.groupby("mode"):
+        own = int(g.loc[g["kind"] == "psring", "chunk_bytes"].iloc[0])
+        pairs = g[g["chunk_bytes"] == own].pivot(index="repeat", columns="kind", values="step_s_p50")
+        assert (pairs["psring"] / pairs["bsp"]).between(0.97, 1.02).all(), (mode, pairs)
+        assert (pairs["trainer"] / pairs["bsp"]).between(0.97, 1.03).all(), (mode, pairs)
+        med = g.groupby(["kind", "chunk_bytes"])["over"].median()
+        assert med[("bsp", own)] > 1.10 and med[("trainer", own)] > 1.10
+        assert med.loc["trainer"].idxmin() in (128 << 10, 256 << 10) and med.loc["bsp"].idxmin() in (128 << 10, 256 << 10)
+        assert med.loc["trainer"].min() < (1.06 if mode == "backward" else 1.10), (mode, med)
+        s = summary[mode]
+        assert abs(s["trainer_best_over_bound"] - med.loc["trainer"].min()) < 1e-3
+        assert abs(s["psring_over_trainer"] - (pairs["psring"] / pairs["trainer"]).median()) < 1e-9
+    rf = pd.read_csv(RESULTS / "reduce_floor" / "trainer_floors.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    rsum = json.loads((RESULTS / "reduce_floor" / "trainer_floors_summary.json").read_text())["full"]
+    med = rf[rf["kind"] != "psring"].groupby(["kind", "partition_bytes"])["over"].median()
+    mid = [2 << 20, int(3.5 * 2**20)]
+    assert med.loc["trainer"][mid].between(1.04, 1.07).all() and (med.loc["floor"][mid] < 1.05).all()
+    assert med[("trainer", 5 << 20)] > 1.10 and abs(rsum["trainer_best_over_bound"] - med.loc["trainer"][mid].min()) < 1e-3
+    own = rf[rf["kind"] == "psring"].set_index("repeat")
+    at_own = rf[(rf["kind"] == "trainer") & ~rf["partition_bytes"].isin([*mid, 5 << 20])].set_index("repeat")
+    assert (at_own["partition_bytes"] == own["partition_bytes"]).all() and own["partition_bytes"].between(1.2e6, 1.3e6).all()
+    assert (own["step_s_p50"] / at_own["step_s_p50"]).between(1.03, 1.06).all()
+    ab = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "fixed_partition_ab.csv").pivot(index="pair", columns="arm",
+                                                                                    values="step_s_p50")
+    assert len(ab) == 3 and (ab["3.5 MB"] < ab["probed"]).all()
