@@ -168,10 +168,10 @@ class OverlapReplay:
         if strategies.uses_servers(cfg.sync):
             from .overlapped_ps import OverlapPS, ps_schedule
 
-            ranges, window, credit, link_Bps = ps_schedule(cfg, layout, tuned.get("chunk_bytes"))
+            ranges, window, credit, link_Bps, by_acks = ps_schedule(cfg, layout, tuned.get("chunk_bytes"))
             chunks = [(r.group, (r.end - r.start) * layout[0].dtype.itemsize) for r in ranges]
             self.prog = OverlapPS(self.net, host_of, server_host, chunks, window, credit, self._unit_done,
-                                  link_Bps, timed_busy=self.full)
+                                  link_Bps, timed_busy=by_acks)
         else:
             m_bytes = layout_bytes(layout)
             cap = int(tuned.get("partition_bytes") or partition_bytes(cfg, m_bytes, alpha_s))

@@ -23,17 +23,17 @@ ACK_BYTES = 64  # a pushpull's ack: a msgpack header in one frame
 
 
 def ps_schedule(cfg, layout, chunk_bytes: int | None = None):
-    """(chunk ranges, window, credit bytes, the worker's link in bytes/s or None) as ``PSSync`` plans them:
-    ``run.ps_ranges``' chunks and window, and ``sharding.credit_bytes`` for the biggest chunk, as the worker's
-    transport gets them."""
-    from ..sync.ps.sharding import credit_bytes, credit_chunks, plan_link_Bps
+    """(chunk ranges, window, credit bytes, the worker's link in bytes/s or None, whether its plan is paced by the
+    acks) as ``PSSync`` plans them: ``run.ps_ranges``' chunks and window, and ``sharding.credit_bytes`` for the
+    biggest chunk, ``plan_link_Bps`` and ``plan_paced_by_acks``, as the worker's transport gets them."""
+    from ..sync.ps.sharding import credit_bytes, credit_chunks, plan_link_Bps, plan_paced_by_acks
     from .plans import ps_ranges
 
     ranges, window = ps_ranges(cfg, layout, chunk_bytes)
     links = cm.emulated_links_Bps("emulated", cfg.link_rate, cfg.server_link_rate, cfg.link_tuning)
     biggest = max((r.end - r.start) * layout[0].dtype.itemsize for r in ranges)
     credit = credit_bytes(cfg.ps_credit_mb, cfg.overlap, credit_chunks(links, cfg.workers, cfg.servers), biggest)
-    return ranges, window, credit, plan_link_Bps(cfg.ps_order, links, credit)
+    return ranges, window, credit, plan_link_Bps(cfg.ps_order, links, credit), plan_paced_by_acks(cfg.overlap)
 
 
 class OverlapPS:

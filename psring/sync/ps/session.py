@@ -21,7 +21,7 @@ from .client import PSClient
 from .consistency import Semantics
 from .optimizers import optim_header
 from .received import Received
-from .sharding import credit_bytes, plan_link_Bps
+from .sharding import credit_bytes, plan_link_Bps, plan_paced_by_acks
 from .transport import ChunkTransport, chunk_key
 
 
@@ -105,7 +105,7 @@ def open_worker(layout: list[Space], buckets: list[Bucket], *, rank: int, device
     codec = None if compress == NONE else parse(compress, error_feedback)
     credit = credit_bytes(credit_mb, overlap, credit_chunks, max(b.nbytes for b in buckets))
     tr = ChunkTransport(client, buckets, len(addrs), device, window, codec, rank, credit,
-                        plan_link_Bps(order, links_Bps, credit), timed_busy=overlap == "full")
+                        plan_link_Bps(order, links_Bps, credit), timed_busy=plan_paced_by_acks(overlap))
     start_step, opt_state = resume_point(resume, rank, aggregate, semantics.consistency == "bsp")
     init = {"optim": optim_header(optim), **semantics.header(), "codec": compress}
     for mine, vals in zip(tr.chunks, start(client, rank, layout, tr.chunks, init, start_step, opt_state)):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from ...strategies import during_backward
+from ...strategies import OVERLAPS, during_backward
 from ..buckets import BucketRange, whole_param_ranges
 
 
@@ -267,3 +267,16 @@ def plan_link_Bps(order: str, links_Bps: tuple[float, float] | None, credit: int
     """
     ok = order == "planned" and credit > 0 and links_Bps is not None and math.isfinite(links_Bps[0])
     return links_Bps[0] if ok else None
+
+
+def plan_paced_by_acks(overlap: str) -> bool:
+    """Whether a planned push order is paced by the timed step's push-to-ack spans (``transport.push_order``'s
+    ``spans``) rather than by the bytes at the link's rate: under ``--overlap full`` only, where a chunk is answered
+    once every worker's copy is in and the pushes back up beyond what the link alone says (measured:
+    results/overlap_floor, "Under `full`, paced by the acks"); under ``backward`` a plan from the busy time replayed
+    slower than priority. The worker's transport and the simulator's replay ask this one function.
+
+    >>> plan_paced_by_acks("full"), plan_paced_by_acks("backward")
+    (True, False)
+    """
+    return overlap == OVERLAPS[2]
