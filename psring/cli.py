@@ -75,6 +75,13 @@ def cmd_worker(a) -> int:
     exit_without_teardown(main_worker(cfg))
 
 
+def cmd_bench_worker(a) -> int:
+    from .bench.worker import main as bench_worker
+
+    bench_worker(["--spec", a.spec])  # (leaves the process itself)
+    return 1
+
+
 def cmd_server(a) -> int:
     from .sync.ps.server_main import run_server
 
@@ -130,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_args(w, "worker")
     w.add_argument("--config", help="a resolved config.json (how `psring train` starts its workers)")
     w.set_defaults(func=cmd_worker)
+
+    b = sub.add_parser("bench-worker", help="one `psring bench` worker (how `psring bench` starts them)")
+    b.add_argument("--spec", required=True, help="the group's spec (JSON), as `psring bench` writes it")
+    b.set_defaults(func=cmd_bench_worker)
 
     s = sub.add_parser("server", help="one parameter-server process (one shard)")
     s.add_argument("--workers", "-n", type=int, required=True, help="number of workers N it waits for")

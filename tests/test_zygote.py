@@ -23,7 +23,8 @@ PY = [sys.executable, "-m", "psring"]
 def test_forkable_command_lines():
     assert forkable([*PY, "worker", "--config", "c.json"]) == (None, ["worker", "--config", "c.json"])
     assert forkable(["/usr/sbin/ip", "netns", "exec", "h0", *PY, "server", "-n", "2"]) == ("h0", ["server", "-n", "2"])
-    for other in ([*PY, "train"], [sys.executable, "-m", "psring.net.links"], ["python3", "-m", "psring", "worker"],
+    assert forkable([*PY, "bench-worker", "--spec", "s.json"]) == (None, ["bench-worker", "--spec", "s.json"])
+    for other in ([*PY, "train"], [*PY, "bench"], [sys.executable, "-m", "psring.net.links"], ["python3", "-m", "psring", "worker"],
                   ["ip", "netns", "exec", "h0", "sh", "-c", "true"], PY):
         assert forkable(other) is None, other
 

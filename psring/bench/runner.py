@@ -53,7 +53,7 @@ def run_group(spec: dict, out: Path, workers: int, timeout_s: float) -> list[dic
     spec_path.write_text(json.dumps(spec))
     kids, port = Children(), free_port()
     try:
-        procs = [kids.spawn(f"bench worker {r}", [sys.executable, "-m", "psring.bench.worker", "--spec", str(spec_path)],
+        procs = [kids.spawn(f"bench worker {r}", [sys.executable, "-m", "psring", "bench-worker", "--spec", str(spec_path)],
                             child_env(1, RANK=r, WORLD_SIZE=workers, LOCAL_RANK=r, MASTER_ADDR="127.0.0.1",
                                       MASTER_PORT=port), out / "logs" / f"{label}-worker{r}.log",
                             stdout_to_terminal=(r == 0))

@@ -228,12 +228,14 @@ def run(spec: dict) -> int:
     return 0
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    """One bench worker (``psring bench-worker --spec FILE``, forked from the launcher's zygote as training's
+    workers are; ``python -m psring.bench.worker`` starts one afresh); leaves without teardown."""
+    ap = argparse.ArgumentParser(prog="psring bench-worker")
     ap.add_argument("--spec", required=True)
     rc = 1
     try:
-        rc = run(json.loads(Path(ap.parse_args().spec).read_text()))
+        rc = run(json.loads(Path(ap.parse_args(argv).spec).read_text()))
     except BaseException:  # noqa: BLE001 - reported here, then the same exit as below
         import traceback
 

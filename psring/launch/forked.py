@@ -1,6 +1,7 @@
-"""The launcher's end of the zygote (``zygote.py``): ``fork_child`` starts ``python -m psring worker|server`` as a
-fork of a process that imported torch once, and returns what ``subprocess.Popen`` would have for it (``ForkedProc``:
-``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``).
+"""The launcher's end of the zygote (``zygote.py``): ``fork_child`` starts ``python -m psring
+worker|server|bench-worker`` as a fork of a process that imported torch once, and returns what ``subprocess.Popen``
+would have for it (``ForkedProc``: ``pid``, ``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``,
+``kill``).
 
 One zygote per launching process, started at the first such child and kept for the next runs (a sweep, a test
 session); it ends with the process. ``PSRING_FORK=0`` in the environment starts every child afresh instead; so does
@@ -22,12 +23,12 @@ from pathlib import Path
 
 READY_TIMEOUT_S = 120.0  # the zygote's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0  # a fork's pid
-FORKED = ("worker", "server")  # the sub-commands the zygote has imported
+FORKED = ("worker", "server", "bench-worker")  # the sub-commands the zygote forks (it imported torch for them)
 
 
 def forkable(argv: list[str]) -> tuple[str | None, list[str]] | None:
-    """(network namespace or None, psring's arguments) of ``[ip netns exec NS] python -m psring worker|server ...``
-    with this interpreter; None for any other command line."""
+    """(network namespace or None, psring's arguments) of ``[ip netns exec NS] python -m psring FORKED ...`` with
+    this interpreter; None for any other command line."""
     netns = None
     if len(argv) > 4 and os.path.basename(argv[0]) == "ip" and argv[1:3] == ["netns", "exec"]:
         netns, argv = argv[3], argv[4:]

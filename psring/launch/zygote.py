@@ -1,5 +1,5 @@
 """The zygote: one process that imports torch and psring's worker and server code once, then forks each
-``python -m psring worker|server`` the launcher starts, instead of every child paying the import itself.
+``python -m psring worker|server|bench-worker`` the launcher starts, instead of every child paying the import itself.
 
 ``import torch`` costs 1.3-2 s of CPU. A run of N workers and S servers on an emulated cluster paid it N + S times,
 all at once on the machine's cores (16 processes: 11 s of start-up on 2 cores, before a single step); forked from the
@@ -26,7 +26,7 @@ import sys
 
 PRELOAD = ("setproctitle", "torch", "torch.distributed", "zmq", "psring.cli", "psring.train.trainer", "psring.sync.ps.server_main",
            "psring.sync.ps.synchronizer", "psring.sync.ring", "psring.sync.allreduce", "psring.sync.hierarchical",
-           "psring.sync.ddp")
+           "psring.sync.ddp", "psring.bench.worker")
 CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
 MS_SLAVE, MS_REC, MNT_DETACH = 1 << 19, 1 << 14, 2
 PR_SET_PDEATHSIG = 1
