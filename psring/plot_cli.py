@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-FORMATS = ("png", "svg", "pdf")
+KNOWN_FORMATS = ("png", "svg", "pdf")  # (plot.common.FORMATS: the default ones)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", metavar="DIR", help="where to write the figures (default FOLDER/figures)")
     a = ap.parse_args(argv)
     formats = tuple(f.strip().lower() for f in a.formats.split(",") if f.strip())
-    bad = [f for f in formats if f not in FORMATS]
+    bad = [f for f in formats if f not in KNOWN_FORMATS]
     try:
         if bad or not formats:
             raise ValueError(f"unknown format(s) {','.join(bad) or a.formats!r}; use png, svg or pdf")
