@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from psring.bench.floor import timed, watch
+from psring.bench.floor import cpu_model, timed, watch
 from psring.bench.paced import MODES
 from psring.bounds import param_bytes, step_bound_s
 from psring.config import TrainConfig
@@ -95,7 +95,9 @@ def psring_run(n: int, s: int, rate: str, model: str, compute_ms: int, mode: str
                       link_cc=cc, **({"bucket_mb": bucket_mb} if bucket_mb else {}))
     summ = launch(cfg, echo=False, overwrite=True)
     row = {**flat_config(TrainConfig.from_dict(load_config(out))), **summ}  # as runs.csv has a run
-    return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"), "chunk_bytes": summ["chunk_bytes"],
+    return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"),
+            "cpu_util_sync": summ.get("cpu_util_sync"), "cpu_saturated": summ.get("cpu_saturated"),
+            "chunk_bytes": summ["chunk_bytes"],
             "link_cc": summ.get("link_cc"), "row": row}
 
 
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     def record(kind: str, mode: str, rep: int, chunk: int, r: dict, bound: float) -> None:
         rows.append({"kind": kind, "mode": mode, "repeat": rep, "chunk_bytes": chunk, "credits": credits,
                      "step_s_p50": r["step_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"],
+                     "cpu_util_sync": r.get("cpu_util_sync"), "cpu_saturated": r.get("cpu_saturated"),
                      "link_cc": r["link_cc"]})
         print(f"rep {rep} {mode:8} {kind:6} chunk {chunk:>8}: {r['step_s_p50']:.3f} s "
               f"({r['step_s_p50'] / bound:.3f}x), cpu {r['cpu_util']:.2f}", flush=True)
@@ -158,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 record(kind, mode, rep, chunk, f, bound_at(r["row"], nbytes, chunk))
     df = pd.DataFrame(rows)
     df.to_csv(out / "overlap_floor.csv", index=False)
-    summary = {"machine": platform.processor() or platform.machine(), "workers": n, "servers": s, "rate": a.rate,
+    summary = {"machine": platform.processor() or platform.machine(), "cpu": cpu_model(), "workers": n, "servers": s,
+               "rate": a.rate,
                "model": a.model, "compute_s": compute_s, "credits": credits, "repeats": a.repeats,
                "minutes": round((time.time() - t_start) / 60, 1), "link_cc": sorted(set(df["link_cc"].dropna()))}
     for mode in modes:

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from psring.bench.floor import timed, watch
+from psring.bench.floor import cpu_model, timed, watch
 from psring.bench.reduce_paced import MODES
 from psring.bounds import param_bytes, step_bound_s
 from psring.config import TrainConfig
@@ -85,7 +85,9 @@ def psring_run(sync: str, n: int, rate: str, model: str, compute_ms: int, mode: 
                       compute=f"emulated:{compute_ms}", overlap=mode, steps=steps, warmup=warmup, out=str(out))
     summ = launch(cfg, echo=False, overwrite=True)
     row = {**flat_config(TrainConfig.from_dict(load_config(out))), **summ}  # as runs.csv has a run
-    return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"), "update_s_p50": summ["update_s_p50"],
+    return {"step_s_p50": summ["step_s_p50"], "cpu_util": summ.get("cpu_util"),
+            "cpu_util_sync": summ.get("cpu_util_sync"), "cpu_saturated": summ.get("cpu_saturated"),
+            "update_s_p50": summ["update_s_p50"],
             "partition_bytes": int(summ["partition_bytes"]), "row": row}
 
 
@@ -122,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         bound = step_bound_s({**row, "update_s_p50": r["update_s_p50"]}, nbytes)
         cut = "flat" if kind != "psring" and a.flat else "aligned"
         rows.append({"kind": kind, "mode": mode, "repeat": rep, "partition_bytes": part, "cut": cut,
-                     "step_s_p50": r["step_s_p50"], "update_s_p50": r["update_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"]})
+                     "step_s_p50": r["step_s_p50"], "update_s_p50": r["update_s_p50"], "bound_s": bound, "cpu_util": r["cpu_util"],
+                     "cpu_util_sync": r.get("cpu_util_sync"), "cpu_saturated": r.get("cpu_saturated")})
         print(f"rep {rep} {mode:8} {kind:6} partition {part:>9}: {r['step_s_p50']:.3f} s "
               f"({r['step_s_p50'] / bound:.3f}x), cpu {r['cpu_util']:.2f}", flush=True)
 
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     df = pd.DataFrame(rows)
     df.to_csv(out / "reduce_floor.csv", index=False)
     df["over"] = df["step_s_p50"] / df["bound_s"]
-    summary = {"machine": platform.processor() or platform.machine(), "sync": a.sync, "workers": n, "rate": a.rate,
+    summary = {"machine": platform.processor() or platform.machine(), "cpu": cpu_model(), "sync": a.sync,
+               "workers": n, "rate": a.rate,
                "model": a.model, "compute_s": a.compute_ms / 1000, "repeats": a.repeats,
                "minutes": round((time.time() - t_start) / 60, 1)}
     for mode in modes:

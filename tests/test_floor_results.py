@@ -160,3 +160,40 @@ def test_trainer_floor_claims():
     ab = pd.read_csv(RESULTS / "overlap_n8_1gbit" / "fixed_partition_ab.csv").pivot(index="pair", columns="arm",
                                                                                     values="step_s_p50")
     assert len(ab) == 3 and (ab["3.5 MB"] < ab["probed"]).all()
+
+
+def test_epyc_floor_claims():
+    """The same floors on an AMD EPYC draw of the machine (epyc_floors.csv in results/overlap_floor and
+    results/reduce_floor): there no floor doing psring's work reaches 1.10x at either 1 Gbit point (the PS at N = 4
+    at any chunk, the reduce family at N = 8 at any partition), the echo floor does (1.00-1.04x), and psring's PS
+    runs are CPU-saturated, so the point is not link-bound on that draw. The summaries are the tables' and name
+    the CPU."""
+    ps = pd.read_csv(RESULTS / "overlap_floor" / "epyc_floors.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    summary = json.loads((RESULTS / "overlap_floor" / "epyc_floors_summary.json").read_text())
+    assert summary["cpu"].startswith("AMD EPYC") and ps["repeat"].nunique() == 2
+    for mode, g in ps.groupby("mode"):
+        med = g.groupby(["kind", "chunk_bytes"])["over"].median()
+        assert (med.loc["bsp"] > 1.10).all() and (med.loc["trainer"] > 1.10).all(), (mode, med)
+        assert med.loc["echo"].between(1.0, 1.05).all(), (mode, med)
+        assert abs(summary[mode]["trainer_best_over_bound"] - med.loc["trainer"].min()) < 1e-3
+        own = g[g["kind"] == "psring"]
+        assert own["cpu_saturated"].astype(bool).all() and (own["cpu_util_sync"] >= 0.9).all()
+        assert (own["over"] > med.loc["trainer"].min()).all()
+    rf = pd.read_csv(RESULTS / "reduce_floor" / "epyc_floors.csv").assign(over=lambda d: d["step_s_p50"] / d["bound_s"])
+    rsum = json.loads((RESULTS / "reduce_floor" / "epyc_floors_summary.json").read_text())
+    assert rsum["cpu"].startswith("AMD EPYC")
+    med = rf[rf["kind"] != "psring"].groupby(["kind", "partition_bytes"])["over"].median()
+    assert (med.loc["trainer"] > 1.10).all() and med.loc["trainer"].idxmin() == int(3.5 * 2**20), med
+    assert abs(rsum["full"]["trainer_best_over_bound"] - med.loc["trainer"].min()) < 1e-3
+    own = rf[rf["kind"] == "psring"].set_index("repeat")
+    at_own = rf[(rf["kind"] == "trainer") & rf["partition_bytes"].isin(own["partition_bytes"])].set_index("repeat")
+    assert (own["step_s_p50"] / at_own["step_s_p50"]).between(1.0, 1.06).all()
+
+
+def test_a_floor_summary_names_the_cpu(tmp_path):
+    """``bench.floor.cpu_model``: /proc/cpuinfo's model name and number; "" where the file cannot be read."""
+    from psring.bench.floor import cpu_model
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel\t\t: 1\nmodel name\t: AMD EPYC\n")
+    assert cpu_model(str(info)) == "AMD EPYC (model 1)"
+    assert cpu_model(str(tmp_path / "missing")) == ""

@@ -13,6 +13,18 @@ from ..metrics.cpu import cpu_times, utilisation
 SAMPLE_S = 0.05
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The machine's CPU as /proc/cpuinfo names it, with its model number ("AMD EPYC (model 1)"): the floors
+    differ between draws of "a 2-core machine", and a summary says which one it measured; "" where unreadable."""
+    try:
+        fields = dict(line.split(":", 1) for line in Path(cpuinfo).read_text().splitlines()[:30] if ":" in line)
+    except OSError:
+        return ""
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    name, model = fields.get("model name", ""), fields.get("model", "")
+    return f"{name} (model {model})" if name and model else name
+
+
 def watch(children: list, deadline_s: float, what: str, scratch: Path) -> list[tuple[float, tuple | None]]:
     """Wait until every child exited, sampling ``(time.time(), cpu_times())`` every ``SAMPLE_S``; a child that
     failed is check_alive's LaunchError, one still running after ``deadline_s`` (monotonic) a TimeoutError."""
