@@ -27,6 +27,7 @@ import zmq
 
 from ..buckets import Bucket
 from .client import PSError
+from .frames import readable
 from .received import Received
 from .transport import ChunkTransport
 
@@ -162,10 +163,10 @@ class PSComm:
                 self._jobs()
                 while self.incoming:
                     self.tr.enqueue(self.incoming.popleft())
-                self.tr.pump_ready()
+                self.tr.pump_ready(collect=False)  # (``_collect`` took the acks off the sockets)
                 events = dict(poller.poll(POLL_MS))
                 if self.wake_rx in events:
-                    while self.wake_rx.poll(0):
+                    while readable(self.wake_rx):  # (not ``poll(0)``: it builds a Poller per call)
                         self.wake_rx.recv()
                 if self._collect(events) or not any(self.tr.sent):
                     last = time.monotonic()

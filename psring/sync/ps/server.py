@@ -72,9 +72,7 @@ class ParameterServer:
         if max_message_bytes < 1:
             raise ValueError(f"max_message_bytes must be >= 1, got {max_message_bytes}")
         self.metrics_path, self.frame_bytes, self.wire = metrics_path, frame_bytes, FrameCache(frame_bytes)
-        self.max_message_bytes = max_message_bytes
-        self.store = ShardStore(workers)
-        self.idle_timeout_s = idle_timeout_s
+        self.max_message_bytes, self.store, self.idle_timeout_s = max_message_bytes, ShardStore(workers), idle_timeout_s
         self.max_parked = max(16, 4 * workers)  # honest workers park one pull each
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -92,8 +90,7 @@ class ParameterServer:
         self.parked: list[Parked] = []
         self.waiting: list[Waiting] = []
         self.done: set[int] = set()
-        self.errors = self.unexpected = self.dropped = 0
-        self.bytes_sent = self.bytes_recv = 0
+        self.errors = self.unexpected = self.dropped = self.bytes_sent = self.bytes_recv = 0
         self.metrics = StepMetrics(self)
         self._ops = {"init": self._init, "push": self._push, "pushpull": self._push, "pull": self._pull,
                      "state": self._state, "done": self._done, "probe": self._probe}
@@ -261,9 +258,11 @@ class ParameterServer:
     def serve(self) -> int:
         """Serve until every worker said done (0) or nothing arrived for ``idle_timeout_s`` (1)."""
         last = time.monotonic()
+        poller = zmq.Poller()  # one for the run: ``sock.poll`` builds one per call, at every idle wait
+        poller.register(self.sock, zmq.POLLIN)
         try:
             while len(self.done) < self.store.workers:
-                if not readable(self.sock) and not self.sock.poll(500):  # (a poller only when idle)
+                if not readable(self.sock) and not poller.poll(500):  # (the poller only when idle)
                     if time.monotonic() - last > self.idle_timeout_s:
                         log.error("no request for %.0f s; exiting", self.idle_timeout_s)
                         return 1

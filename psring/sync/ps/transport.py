@@ -157,17 +157,20 @@ class ChunkTransport:
         else:
             self.queued[b.group].append(b)
 
-    def pump_ready(self) -> None:
+    def pump_ready(self, collect: bool = True) -> None:
         """The priority scheduler: push the ready chunk nearest the model's input first (the highest
         index: the layout is in backward order), since the next forward needs it first (P3, Jayarajan et
         al. SysML'19; in backward that is the newest ready one), while fewer than ``credit`` bytes of this
         worker's pushes are not yet received by their servers (ByteScheduler's credits, Peng et al.
         SOSP'19). Credits come back with the servers' acks, whatever the other workers do, so workers
         need not push in the same order; what is not pushed stays here, where priority still applies. With a
-        planned order (``push_order``), the ready chunk earliest in it goes first instead."""
+        planned order (``push_order``), the ready chunk earliest in it goes first instead. ``collect`` False:
+        the caller has just taken every ack off the sockets (the communication thread, after its poll), so
+        the servers are not asked again (a readiness check is a system call per socket)."""
         if self.unacked:
-            for s in {s for s, _ in self.unacked}:
-                self.client.collect(s)
+            if collect:
+                for s in {s for s, _ in self.unacked}:
+                    self.client.collect(s)
             for key in [k for k in self.unacked if self.client.received(*k)]:
                 self.unacked_bytes -= self.unacked.pop(key)
                 if key in self.spans:
