@@ -45,3 +45,27 @@ def test_frame_cache_off_and_split_frames():
         [bytes(f) for f in encode_tensors([("k", t)], 16)[1]]
     metas, frames = cache.encode([("k", t), ("j", t[:2].clone())])
     assert metas[0][-1] == 3 and len(frames) == 4 and b"".join(bytes(f) for f in frames[:3]) == t.numpy().tobytes()
+
+
+def test_a_cached_large_frame_is_one_zmq_frame_that_follows_the_tensor():
+    """Frames at or over pyzmq's copy threshold are cached as zero-copy ``zmq.Frame`` objects (sent again as
+    reference copies, not through pyzmq's garbage-collector thread); what arrives is the tensor's memory as it is
+    at each send."""
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        port = a.bind_to_random_port("tcp://127.0.0.1")
+        b.connect(f"tcp://127.0.0.1:{port}")
+        cache, t = FrameCache(None), torch.zeros(zmq.COPY_THRESHOLD // 4)
+        _, frames = cache.encode([("c0", t)])
+        assert isinstance(frames[0], zmq.Frame) and cache.encode([("c0", t)])[1][0] is frames[0]
+        for value in (1.0, 2.5):
+            t.fill_(value)
+            send_frames(a, frames)
+            assert b.poll(10_000)  # (a timeout, not a hang, if it never comes)
+            got = b.recv(copy=False)
+            assert torch.equal(torch.frombuffer(bytearray(got.buffer), dtype=torch.float32), t)
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
+        ctx.term()
