@@ -24,12 +24,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # namespace and measure link rates: they are one unit, one test at a time on one worker.
 NET_MODULES = {"test_net.py", "test_emulated_run.py", "test_big_models_emulated.py", "test_multinode.py",
                "test_topology.py", "test_ps_schedule.py"}
+# The longest other files (their tests and module fixtures, minutes each on 2 cores: test_plot's fixture alone 3.9
+# min on an AMD EPYC draw, 2026-12-07), handed out right after the net unit, longest first, so that the run's tail
+# is short files on both workers rather than one long file on one while the other idles.
+LONG_FIRST = ("test_plot.py", "test_equivalence.py", "test_real_code_models.py", "test_ps_compress.py",
+              "test_notebooks.py", "test_models.py", "test_own_loop.py", "test_epochs.py")
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config, log):
-    """--dist loadfile with NET_MODULES as one unit, scheduled first (the longest). Done here, on test ids,
-    because xdist's own grouping (--dist loadgroup) does not group on pytest >= 9.2 (pytest-xdist#1386)."""
+    """--dist loadfile with NET_MODULES as one unit, scheduled first (the longest), then LONG_FIRST. Done here, on
+    test ids, because xdist's own grouping (--dist loadgroup) does not group on pytest >= 9.2 (pytest-xdist#1386)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -40,6 +45,9 @@ def pytest_xdist_make_scheduler(config, log):
             return "net" if Path(path).name in NET_MODULES else path
 
         def _assign_work_unit(self, node) -> None:
+            for name in reversed(LONG_FIRST):
+                for scope in [s for s in self.workqueue if Path(s).name == name]:
+                    self.workqueue.move_to_end(scope, last=False)
             if "net" in self.workqueue:  # the longest unit: first, not at the tail
                 self.workqueue.move_to_end("net", last=False)
             super()._assign_work_unit(node)
