@@ -32,11 +32,16 @@ def point(a) -> list[str]:
             "--steps", str(a.steps), "--warmup", str(a.warmup), "--link-tuning", a.link_tuning]
 
 
+def measured(out: Path) -> tuple[dict, float]:
+    """A finished run's summary and its step bound (``bounds.step_bound_s``, as ``psring bounds`` puts it)."""
+    config, s = json.loads((out / "config.json").read_text()), json.loads((out / "summary.json").read_text())
+    return s, float(with_bounds(pd.DataFrame([{**config, **s}]))["step_bound_s"].iloc[0])
+
+
 def run(a, mode: str, order: str, out: Path) -> dict:
     cmd = [sys.executable, "-m", "psring", "train", *point(a), "--overlap", mode, "--ps-order", order, "--out", str(out)]
     subprocess.run(cmd, check=True, timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    config, s = json.loads((out / "config.json").read_text()), json.loads((out / "summary.json").read_text())
-    bound = float(with_bounds(pd.DataFrame([{**config, **s}]))["step_bound_s"].iloc[0])
+    s, bound = measured(out)
     return {"workers": a.workers, "link_rate": a.link_rate, "link_tuning": a.link_tuning, "overlap": mode,
             "ps_order": order, "step_s": s["step_s_p50"], "bound_s": bound,
             "step_over_bound": s["step_s_p50"] / bound, "cpu_util": s["cpu_util"], "chunk_bytes": s.get("chunk_bytes")}

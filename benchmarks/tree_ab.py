@@ -12,7 +12,6 @@ too) and prints each pair's ratio B / A. Run folders go to a temporary folder an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -21,16 +20,14 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from ps_order_ab import measured, point  # (benchmarks/ is on the path: this script's own folder)
 
-from psring.bounds import with_bounds
 
-
-def run(tree: str, point: list[str], out: Path) -> dict:
+def run(tree: str, args: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": tree}
-    subprocess.run([sys.executable, "-m", "psring", "train", *point, "--out", str(out)], check=True, timeout=600,
+    subprocess.run([sys.executable, "-m", "psring", "train", *args, "--out", str(out)], check=True, timeout=600,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree)
-    config, s = json.loads((out / "config.json").read_text()), json.loads((out / "summary.json").read_text())
-    bound = float(with_bounds(pd.DataFrame([{**config, **s}]))["step_bound_s"].iloc[0])
+    s, bound = measured(out)
     return {"step_s": s["step_s_p50"], "bound_s": bound, "step_over_bound": s["step_s_p50"] / bound,
             "backward_s": s.get("backward_s_p50"), "cpu_util": s.get("cpu_util"),
             "cpu_util_sync": s.get("cpu_util_sync"), "chunk_bytes": s.get("chunk_bytes")}
@@ -45,22 +42,23 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--link-rate", default="1gbit")
     ap.add_argument("--compute", default="emulated:374")
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--link-tuning", default="auto")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     for tree in (a.tree_a, a.tree_b):
         if not (Path(tree) / "psring" / "__init__.py").is_file():
             print(f"error: {tree} is not a psring source tree (no psring/__init__.py)", file=sys.stderr)
             return 2
-    point = ["--sync", "ps", "--workers", str(a.workers), "--servers", str(a.workers), "--net", "emulated",
-             "--link-rate", a.link_rate, "--model", "resnet18", "--batch-size", "16", "--compute", a.compute,
-             "--steps", "12", "--warmup", "4", "--overlap", a.overlap]
+    args = [*point(a), "--overlap", a.overlap]  # ps_order_ab's point: the same runs as its A/B
     rows, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="psring-tree-ab-") as tmp:
         for pair in range(a.pairs):
             arms = (("A", a.tree_a), ("B", a.tree_b))
             got = {}
             for arm, tree in arms if pair % 2 == 0 else arms[::-1]:
-                got[arm] = run(tree, point, Path(tmp) / f"{arm}{pair}")
+                got[arm] = run(tree, args, Path(tmp) / f"{arm}{pair}")
                 rows.append({"pair": pair, "arm": arm, "overlap": a.overlap, "workers": a.workers,
                              "link_rate": a.link_rate, **got[arm]})
             ratios.append(got["B"]["step_s"] / got["A"]["step_s"])
