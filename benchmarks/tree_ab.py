@@ -23,6 +23,15 @@ import pandas as pd
 from ps_order_ab import measured, point  # (benchmarks/ is on the path: this script's own folder)
 
 
+def trees_ok(*trees: str) -> bool:
+    """Whether every tree is a psring source tree; else one line on stderr (the caller exits 2)."""
+    for tree in trees:
+        if not (Path(tree) / "psring" / "__init__.py").is_file():
+            print(f"error: {tree} is not a psring source tree (no psring/__init__.py)", file=sys.stderr)
+            return False
+    return True
+
+
 def run(tree: str, args: list[str], out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": tree}
     subprocess.run([sys.executable, "-m", "psring", "train", *args, "--out", str(out)], check=True, timeout=600,
@@ -47,10 +56,8 @@ def main() -> int:
     ap.add_argument("--link-tuning", default="auto")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    for tree in (a.tree_a, a.tree_b):
-        if not (Path(tree) / "psring" / "__init__.py").is_file():
-            print(f"error: {tree} is not a psring source tree (no psring/__init__.py)", file=sys.stderr)
-            return 2
+    if not trees_ok(a.tree_a, a.tree_b):
+        return 2
     args = [*point(a), "--overlap", a.overlap]  # ps_order_ab's point: the same runs as its A/B
     rows, ratios = [], []
     with tempfile.TemporaryDirectory(prefix="psring-tree-ab-") as tmp:

@@ -42,6 +42,23 @@ def test_the_fit_is_the_line_through_both_sizes_so_a_burst_at_the_start_is_not_b
             fit(*bad)
 
 
+def test_a_tiny_calls_time_bounds_the_intercept_a_slow_smaller_point_inflated():
+    # N = 8, 1 Gbit: the 12 MB point on the line (119.6 MB/s, 2 ms), the 4 MB point 40 ms late (a rank's turn on
+    # the cores), which alone fits 177 MB/s and an intercept clamped at 50 ms; a 4 kB call took 3 ms
+    w1, w2 = ring_wire(4 << 20, 8), ring_wire(12 << 20, 8)
+    t1, t2 = 0.002 + w1 / 119.6e6 + 0.040, 0.002 + w2 / 119.6e6
+    line = fit((w1, w2), (t1, t2))
+    assert line.fixed_s == MAX_FIXED_S and line.rate_Bps > 170e6
+    got = fit((w1, w2), (t1, t2), call_s=0.003)
+    assert got.fixed_s == 0.003 and got.rate_Bps == pytest.approx(w2 / (t2 - 0.003)) == pytest.approx(119.6e6, rel=0.01)
+    m = 44_695_848
+    assert reduce_partition_bytes(m, 8, got) < reduce_partition_bytes(m, 8, line) / 3
+    # an intercept at or below the tiny call's time is the line's; a call slower than the larger point is no bound
+    assert fit((w1, w2), (t2 - (w2 - w1) / 119.6e6, t2), call_s=0.003) == fit((w1, w2), (t2 - (w2 - w1) / 119.6e6, t2))
+    assert fit((w1, w2), (t1, t2), call_s=1.0) == line
+    assert LinkProbe(1e8, 1e-3, 0.015, 0.0031).as_dict()["probe_call_ms"] == 3.1
+
+
 def test_the_partition_balances_its_fixed_cost_against_the_tail_after_backward():
     m, n = 44_695_848, 4
     slow, fast = LinkProbe(12e6, 0.005), LinkProbe(120e6, 0.005)

@@ -185,3 +185,17 @@ def test_a_fixed_partition_beats_the_probed_one_on_the_slower_machine_but_misses
     assert (ab["step_over_bound"] > 1.10).all() and (ab["update_s_p50"] > 0.04).all()
     probed = ab[ab["partition"] == "probed"]
     assert (probed[probed["sync"] == "allreduce"]["partition_bytes"] < 2.5e6).all()
+
+
+def test_a_tiny_calls_time_bounds_the_intercept_but_bit_in_no_ordinary_draw():
+    """probe_call_bound_draws.csv (the AMD EPYC draw): 24 probe-only starts, old fit (A) and bounded fit (B) alternating;
+    every B start records its 4 kB call's time (17-33 ms), above its intercept (the bound did not bite), and the
+    cores' rule decides 23 of 24 partitions: 3.7-7.3 MB under `full`, 7.2-13.5 MB under `backward`."""
+    d = pd.read_csv(FOLDER / "probe_call_bound_draws.csv")
+    assert len(d) == 24 and d.groupby(["arm", "strategy", "overlap"]).size().eq(3).all()
+    b = d[d["arm"] == "B"]
+    assert b["probe_call_ms"].between(17, 33).all() and d.loc[d["arm"] == "A", "probe_call_ms"].isna().all()
+    assert (b["probe_fixed_ms"] < b["probe_call_ms"]).all() and d["probe_fixed_ms"].max() < 21
+    assert (d["cores_partition_bytes"] >= d["link_partition_bytes"]).sum() == 23
+    full, back = d[d["overlap"] == "full"]["partition_bytes"], d[d["overlap"] == "backward"]["partition_bytes"]
+    assert full.between(3.7e6, 7.3e6).all() and back.between(7.1e6, 13.6e6).all()

@@ -64,32 +64,45 @@ MIN_FIXED_S, MAX_FIXED_S = 5e-4, 0.05  # a call's cost beyond its bytes, clamped
 class LinkProbe:
     """What the probe found: ``rate_Bps``, one worker's payload rate on the wire under the exchange's own
     contention; ``fixed_s``, an exchange's cost beyond its bytes (the fit's intercept, clamped). The
-    collective probe also gives ``call_cpu_s``, the CPU of all ranks together for a call of a few kB (0: not
-    read)."""
+    collective probe also gives ``call_cpu_s``, the CPU of all ranks together for a call of a few kB, and
+    ``call_s``, the slowest rank's fastest wall time for it, which bounds ``fixed_s`` (0: not read)."""
     rate_Bps: float
     fixed_s: float
     call_cpu_s: float = 0.0
+    call_s: float = 0.0
 
     def as_dict(self) -> dict:
         out = {"probe_rate_Bps": round(self.rate_Bps), "probe_fixed_ms": round(self.fixed_s * 1e3, 3)}
         if self.call_cpu_s:
             out["probe_call_cpu_ms"] = round(self.call_cpu_s * 1e3, 3)
+        if self.call_s:
+            out["probe_call_ms"] = round(self.call_s * 1e3, 3)
         return out
 
 
-def fit(wire_bytes: tuple[float, float], times_s: tuple[float, float]) -> LinkProbe:
+def fit(wire_bytes: tuple[float, float], times_s: tuple[float, float], call_s: float = math.inf) -> LinkProbe:
     """The line through two (bytes on one worker's wire, seconds) points; a slope the noise made flat or
     negative (the larger size no slower) falls back to the larger point's mean rate.
 
+    ``call_s``, the wall time of a call of almost no bytes, bounds the fixed cost: a call's cost beyond its
+    bytes cannot exceed what a call without them takes. An intercept above it is the noise of a slow smaller
+    point (which also flattens the slope, so the rate reads high too: results/overlap_n8_1gbit,
+    probe_repeats.csv); the fit then takes ``call_s`` as the fixed cost and the larger point's rate beyond it.
+
     >>> fit((2e6, 6e6), (0.25, 0.65))  # 10 MB/s, 50 ms a call
-    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05, call_cpu_s=0.0)
+    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05, call_cpu_s=0.0, call_s=0.0)
+    >>> fit((2e6, 6e6), (0.45, 0.65), call_s=0.05)  # the smaller point 0.2 s late: 20 MB/s and 350 ms by the line
+    LinkProbe(rate_Bps=10000000.0, fixed_s=0.05, call_cpu_s=0.0, call_s=0.0)
     """
     (s1, s2), (t1, t2) = wire_bytes, times_s
     if not (s2 > s1 > 0 and t1 > 0 and t2 > 0):
         raise ValueError(f"probe needs two growing sizes and positive times, got {wire_bytes}, {times_s}")
     rate = (s2 - s1) / (t2 - t1) if t2 > t1 else s2 / t2
     rate = min(rate, s2 / t2 * 10)  # t2 - t1 tiny against t2: no more than 10x the mean rate
-    fixed = min(max(t1 - s1 / rate, MIN_FIXED_S), MAX_FIXED_S)
+    fixed = t1 - s1 / rate
+    if fixed > call_s and t2 > call_s:
+        fixed, rate = call_s, s2 / (t2 - call_s)
+    fixed = min(max(fixed, MIN_FIXED_S), MAX_FIXED_S)
     return LinkProbe(float(rate), float(round(fixed, 6)))
 
 
@@ -152,16 +165,17 @@ def probe_collective(group, world: int, device: torch.device, reducer=None,
             used.append(time.process_time() - c0)
         return best, used
 
-    call_cpu = min(timed(CALL_BYTES, CALL_REPEATS)[1])
+    call_s, used = timed(CALL_BYTES, CALL_REPEATS)
     t1, t2 = (timed(nbytes, repeats)[0] for nbytes in sizes)
     if reducer is not None:
         reducer.take_messages()
-    slowest = torch.tensor([t1, t2], dtype=torch.float64, device=device)
+    slowest = torch.tensor([call_s, t1, t2], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    total = torch.tensor([call_cpu], dtype=torch.float64, device=device)
+    total = torch.tensor([min(used)], dtype=torch.float64, device=device)
     dist.all_reduce(total, group=group)  # every rank's CPU: what the machine's cores pay, where they share one
-    p = fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), tuple(slowest.tolist()))
-    return LinkProbe(p.rate_Bps, p.fixed_s, total.item())
+    call_s, t1, t2 = slowest.tolist()
+    p = fit((ring_wire(sizes[0], world), ring_wire(sizes[1], world)), (t1, t2), call_s)
+    return LinkProbe(p.rate_Bps, p.fixed_s, total.item(), call_s)
 
 
 def reduce_partition_bytes(m_bytes: int, world: int, probe: LinkProbe) -> int:
