@@ -139,3 +139,39 @@ def test_a_zygote_that_cannot_start_leaves_children_to_start_afresh(tmp_path, mo
         assert forked._zygote is False and len(tries) == 1
     finally:
         kids.stop_all()
+
+
+def test_the_zygote_imports_what_a_request_asks_before_its_fork(tmp_path, monkeypatch):
+    """``PSRING_PRELOAD`` in a child's environment: the zygote imports it once before the fork (and freezes it
+    for the children's collections); a torch built for a GPU imports nothing there. The launcher asks for
+    torch._dynamo for the workers of every strategy that builds a torch.optim optimizer, not for the PS's."""
+    import gc
+    import types
+
+    import torch
+
+    from psring.config import TrainConfig
+    from psring.launch import launcher, zygote
+    from psring.launch.placement import Placement
+
+    (tmp_path / "zyg_mark.py").write_text("MARK = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        monkeypatch.setattr(torch.version, "cuda", "12.8")
+        zygote._preload("zyg_mark")
+        assert "zyg_mark" not in sys.modules
+        monkeypatch.setattr(torch.version, "cuda", None)
+        zygote._preload("zyg_mark,no_such_module_zyg")  # one that fails is left to the child
+        assert "zyg_mark" in sys.modules and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        sys.modules.pop("zyg_mark", None)
+
+    envs = {}
+    kids = types.SimpleNamespace(spawn=lambda name, argv, env, log, stdout_to_terminal: envs.setdefault(name, env))
+    for sync, extra in (("allreduce", {}), ("ps", {"servers": 2})):
+        envs.clear()
+        cfg = TrainConfig(sync=sync, workers=2, steps=2, out=str(tmp_path / sync), **extra).validate()
+        launcher.start_workers(cfg, tmp_path / sync, kids, Placement(cfg), echo=False)
+        asked = {env.get(zygote.PRELOAD_ENV) for env in envs.values()}
+        assert asked == ({None} if sync == "ps" else {"torch._dynamo"}), (sync, asked)

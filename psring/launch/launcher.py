@@ -30,6 +30,7 @@ from .placement import Placement
 from .resources import check_train, plural
 from .restarts import keep_upto, put_back, record_in_summary, restart_point, set_aside_logs
 from .watch import LaunchError, check_alive, watch
+from .zygote import PRELOAD_ENV
 
 __all__ = ["LaunchError", "check_alive", "child_env", "free_port", "launch", "start_listeners"]
 
@@ -105,10 +106,13 @@ def child_env(threads: int, **extra) -> dict:
 def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement, echo: bool = True) -> list[Child]:
     port = free_port()
     master = place.worker(0)[1]  # rank 0 hosts torch.distributed's TCP store
+    # a worker that builds a torch.optim optimizer (every strategy without servers) imports torch._dynamo there:
+    # the zygote imports it once, before it forks them (zygote.PRELOAD_ENV)
+    preload = {} if uses_servers(cfg.sync) else {PRELOAD_ENV: "torch._dynamo"}
     workers = []
     for r in range(cfg.workers):
         env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, MASTER_ADDR=master,
-                        MASTER_PORT=port, **place.worker_env(r))
+                        MASTER_PORT=port, **place.worker_env(r), **preload)
         argv = place.worker(r)[0] + [sys.executable, "-m", "psring", "worker", "--config", str(out / "config.json")]
         workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
                                   stdout_to_terminal=echo and r == 0))

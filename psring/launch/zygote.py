@@ -17,6 +17,7 @@ signal). The zygote ends when the launcher's end closes (the launcher gone); its
 from __future__ import annotations
 
 import ctypes
+import gc
 import json
 import os
 import select
@@ -24,14 +25,20 @@ import signal
 import socket
 import sys
 
-PRELOAD = ("setproctitle", "torch", "torch.distributed", "zmq", "psring.cli", "psring.train.trainer", "psring.sync.ps.server_main",
-           "psring.sync.ps.synchronizer", "psring.sync.ring", "psring.sync.allreduce", "psring.sync.hierarchical",
-           "psring.sync.ddp", "psring.bench.worker")
+PRELOAD = ("setproctitle", "torch", "torch.distributed", "zmq", "psring.cli", "psring.train.trainer",
+           "psring.sync.ps.server_main", "psring.sync.ps.synchronizer", "psring.sync.ring", "psring.sync.allreduce",
+           "psring.sync.hierarchical", "psring.sync.ddp", "psring.bench.worker")
 CLONE_NEWNET, CLONE_NEWNS = 0x40000000, 0x00020000
 MS_SLAVE, MS_REC, MNT_DETACH = 1 << 19, 1 << 14, 2
 PR_SET_PDEATHSIG = 1
 REAP_EVERY_S = 0.05
 MAX_REQUEST_BYTES = 1 << 20  # a request: the child's command line and environment
+# Modules the child's environment asks the zygote to import before forking it. ``launcher.start_workers`` asks for
+# torch._dynamo for workers that build a torch.optim optimizer: its __init__ is wrapped in torch._compile's
+# _disable_dynamo, which imports torch._dynamo at a process's first optimizer (1.3 s of CPU alone, 85% of a short
+# run's worker CPU on 2 shared cores, py-spy; it starts no thread). PS workers build none: their runs would pay it
+# for nothing.
+PRELOAD_ENV = "PSRING_PRELOAD"
 RANK_TITLE = " (rank {})"  # after a forked worker's command line (``chaos.role_of`` reads it back)
 STARTED_IN = os.getcwd()  # the zygote's working directory, where ``python -m`` pointed sys.path[0]
 
@@ -143,6 +150,24 @@ def _reply(sock: socket.socket, msg: dict) -> None:
     sock.send(json.dumps(msg).encode())
 
 
+def _preload(names: str) -> None:
+    """Import what a request asks for before its fork (``PRELOAD_ENV``, comma-separated; at most once each), so
+    that its child and the next inherit it; a module that fails to import is left to the child. Only in a torch
+    built without CUDA or ROCm: an import there cannot initialise a GPU context no fork could use."""
+    import torch
+
+    if torch.version.cuda or getattr(torch.version, "hip", None):
+        return
+    fresh = [n for n in names.split(",") if n and n not in sys.modules]
+    for name in fresh:
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001, S112 - the child imports it itself and reports what fails
+            continue
+    if fresh:
+        gc.freeze()
+
+
 def serve(fd: int) -> int:
     """Import, say so, then fork a child per request until the launcher's end of the socket closes."""
     import importlib
@@ -160,6 +185,7 @@ def serve(fd: int) -> int:
     if torch.cuda.is_initialized():  # a fork of a process with a CUDA context cannot use CUDA: start afresh
         _reply(sock, {"error": "CUDA was initialised while importing; workers start afresh"})
         return 1
+    gc.freeze()  # the imports' objects: no child's collection traverses them, so none copies their pages
     _reply(sock, {"ready": os.getpid()})
     children: set[int] = set()
     while True:
@@ -167,9 +193,11 @@ def serve(fd: int) -> int:
             msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, 2)
             if not msg:
                 return 0
+            req = json.loads(msg)
+            _preload(req["env"].get(PRELOAD_ENV, ""))
             pid = os.fork()
             if pid == 0:
-                _child(json.loads(msg), fds, sock)
+                _child(req, fds, sock)
             for f in fds:
                 os.close(f)
             children.add(pid)
