@@ -175,3 +175,24 @@ def test_the_zygote_imports_what_a_request_asks_before_its_fork(tmp_path, monkey
         launcher.start_workers(cfg, tmp_path / sync, kids, Placement(cfg), echo=False)
         asked = {env.get(zygote.PRELOAD_ENV) for env in envs.values()}
         assert asked == ({None} if sync == "ps" else {"torch._dynamo"}), (sync, asked)
+
+
+def test_the_first_request_that_asks_for_an_import_waits_as_long_as_the_zygotes_start(tmp_path, monkeypatch):
+    """A fork's pid comes within ``REPLY_TIMEOUT_S``, but the first request with a new ``PSRING_PRELOAD`` also waits
+    for the zygote's import (a loaded machine: ``READY_TIMEOUT_S``): a zygote slow there must not be killed with the
+    children of other runs it serves."""
+    import threading
+    import types
+
+    from psring.launch import forked
+
+    waited = []
+    z = object.__new__(forked.Zygote)
+    z.sock, z.lock, z.pids, z.procs, z.exits, z.preloads = None, threading.Lock(), [], {}, {}, set()
+    z.proc = types.SimpleNamespace(kill=lambda: None)
+    monkeypatch.setattr(forked.socket, "send_fds", lambda *a: None)
+    monkeypatch.setattr(z, "_wait_for", lambda done, timeout: waited.append(timeout))
+    for env in ({"PSRING_PRELOAD": "torch._dynamo"}, {"PSRING_PRELOAD": "torch._dynamo"}, {}, {}):
+        with pytest.raises(OSError, match="forked no child"):
+            z.spawn(["worker"], env, tmp_path / "log", False, None)
+    assert waited == [forked.READY_TIMEOUT_S] + [forked.REPLY_TIMEOUT_S] * 3
