@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 from ps_order_ab import measured  # (benchmarks/ is on the path: this script's own folder)
-from tree_ab import trees_ok
+from tree_ab import train_in, trees_ok
 
 COMPUTE_MS = {4: 561, 8: 654}  # compute:comm = 1 for the reduce family at 1 Gbit (results/overlap)
 
@@ -33,9 +30,7 @@ def start(tree: str, sync: str, mode: str, a, out: Path) -> dict:
     args = ["--sync", sync, "--workers", str(a.workers), "--net", "emulated", "--link-rate", a.link_rate,
             "--model", "resnet18", "--batch-size", "16", "--compute", f"emulated:{COMPUTE_MS[a.workers]}",
             "--overlap", mode, "--link-tuning", "probe", "--steps", str(a.steps), "--warmup", str(a.warmup)]
-    env = {**os.environ, "PYTHONPATH": tree}
-    subprocess.run([sys.executable, "-m", "psring", "train", *args, "--out", str(out)], check=True, timeout=600,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree)
+    train_in(tree, args, out)
     row = json.loads((out / "tuned.json").read_text())
     if a.steps > 2:
         s, bound = measured(out)

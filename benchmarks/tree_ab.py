@@ -32,10 +32,15 @@ def trees_ok(*trees: str) -> bool:
     return True
 
 
-def run(tree: str, args: list[str], out: Path) -> dict:
+def train_in(tree: str, args: list[str], out: Path) -> None:
+    """``psring train ARGS --out OUT`` with ``PYTHONPATH`` at ``tree``, run from it (nothing else imported)."""
     env = {**os.environ, "PYTHONPATH": tree}
     subprocess.run([sys.executable, "-m", "psring", "train", *args, "--out", str(out)], check=True, timeout=600,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=tree)
+
+
+def run(tree: str, args: list[str], out: Path) -> dict:
+    train_in(tree, args, out)
     s, bound = measured(out)
     return {"step_s": s["step_s_p50"], "bound_s": bound, "step_over_bound": s["step_s_p50"] / bound,
             "backward_s": s.get("backward_s_p50"), "cpu_util": s.get("cpu_util"),

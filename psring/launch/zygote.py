@@ -154,6 +154,8 @@ def _preload(names: str) -> None:
     """Import what a request asks for before its fork (``PRELOAD_ENV``, comma-separated; at most once each), so
     that its child and the next inherit it; a module that fails to import is left to the child. Only in a torch
     built without CUDA or ROCm: an import there cannot initialise a GPU context no fork could use."""
+    import importlib
+
     import torch
 
     if torch.version.cuda or getattr(torch.version, "hip", None):
@@ -161,7 +163,7 @@ def _preload(names: str) -> None:
     fresh = [n for n in names.split(",") if n and n not in sys.modules]
     for name in fresh:
         try:
-            __import__(name)
+            importlib.import_module(name)
         except Exception:  # noqa: BLE001, S112 - the child imports it itself and reports what fails
             continue
     if fresh:
