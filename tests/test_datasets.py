@@ -189,3 +189,58 @@ def test_evaluate_counts_correct_predictions_and_restores_the_mode():
     acc = evaluate(m, te, batch_size=7, device="cpu")
     expected = np.mean([m.lookup[round(v, 4)] == y for v, y in zip(firsts.flatten().tolist(), te.labels)])
     assert acc == pytest.approx(expected) and acc > 0.5 and m.training
+
+
+def _synthetic_in_one_pass(n, seed, split):
+    """``SyntheticImages`` as it was written before it worked in chunks (whole-set temporaries): the data every
+    committed run with ``--dataset synthetic`` trained on."""
+    rng = np.random.default_rng(seed)
+    protos = rng.normal(0, 1, size=(10, 3, 4, 4)).astype(np.float32).repeat(8, axis=2).repeat(8, axis=3)
+    if split == "test":
+        rng = np.random.default_rng([seed, 0x7E57])
+    labels = rng.integers(0, 10, size=n).astype(np.int64)
+    noise = rng.standard_normal(size=(n, 3, 32, 32), dtype=np.float32)
+    shift = rng.normal(0, 0.3, size=(n, 1, 1, 1)).astype(np.float32)
+    noise *= 1.2
+    noise += 0.1 * protos[labels]
+    noise += shift
+    noise *= 40
+    noise += 128
+    return np.clip(noise, 0, 255, out=noise).astype(np.uint8), labels
+
+
+@pytest.mark.parametrize("n,seed,split", [(0, 0, "train"), (1, 5, "test"), (511, 1, "train"), (513, 2, "test"),
+                                          (1500, 0, "train"), (2000, 0, "test")])
+def test_synthetic_in_chunks_is_the_one_pass_set_bit_for_bit(n, seed, split):
+    from psring.train.datasets import SYNTHETIC_CHUNK
+
+    assert SYNTHETIC_CHUNK == 512  # (the sizes above straddle it)
+    images, labels = _synthetic_in_one_pass(n, seed, split)
+    got = SyntheticImages(n, seed, split)
+    assert got.images.dtype == np.uint8 and got.images.shape == (n, 3, 32, 32)
+    assert np.array_equal(got.images, images) and np.array_equal(got.labels, labels)
+
+
+def test_prebuilt_sets_are_what_build_dataset_returns_for_the_same_arguments_only(tmp_path):
+    """``datasets.prebuild`` (the zygote's, before it forks a run's workers): the same arguments get the set it
+    made, other ones a new set; one it cannot build is left to the caller, who gets the error; each call keeps only
+    the sets it names."""
+    from psring.train import datasets
+
+    try:
+        datasets.prebuild([{"name": "synthetic", "num_samples": 64, "seed": 1},
+                           {"name": "synthetic", "num_samples": None, "seed": 1, "split": "test"},
+                           {"name": "cifar10", "data_dir": str(tmp_path / "none")},
+                           {"name": "synthetic", "no_such_argument": 1}])
+        train = build_dataset("synthetic", 64, 1)
+        assert build_dataset("synthetic", 64, 1) is train
+        assert build_dataset("synthetic", None, 1, split="test") is build_dataset("synthetic", None, 1, None, "test")
+        assert np.array_equal(train.images, SyntheticImages(64, 1).images)
+        assert build_dataset("synthetic", 64, 2) is not build_dataset("synthetic", 64, 2)  # not asked for
+        with pytest.raises(ValueError, match="CIFAR-10 not found"):
+            build_dataset("cifar10", None, 0, tmp_path / "none")
+        datasets.prebuild([{"name": "synthetic", "num_samples": 32, "seed": 1}])
+        assert build_dataset("synthetic", 64, 1) is not train  # dropped: a zygote serving many runs keeps one
+        assert build_dataset("synthetic", 32, 1) is build_dataset("synthetic", 32, 1)
+    finally:
+        datasets.prebuild([])

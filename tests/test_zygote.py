@@ -4,6 +4,7 @@ in ``ps``, their log, environment, working directory and exit code, a signal's m
 other command line start afresh. (Every launching test runs its children this way; these pin the contract.)"""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -192,7 +193,46 @@ def test_the_first_request_that_asks_for_an_import_waits_as_long_as_the_zygotes_
     z.proc = types.SimpleNamespace(kill=lambda: None)
     monkeypatch.setattr(forked.socket, "send_fds", lambda *a: None)
     monkeypatch.setattr(z, "_wait_for", lambda done, timeout: waited.append(timeout))
-    for env in ({"PSRING_PRELOAD": "torch._dynamo"}, {"PSRING_PRELOAD": "torch._dynamo"}, {}, {}):
+    data = {"PSRING_PRELOAD_DATA": '[{"name": "synthetic"}]'}
+    for env in ({"PSRING_PRELOAD": "torch._dynamo"}, {"PSRING_PRELOAD": "torch._dynamo"}, {}, {}, data, data):
         with pytest.raises(OSError, match="forked no child"):
             z.spawn(["worker"], env, tmp_path / "log", False, None)
-    assert waited == [forked.READY_TIMEOUT_S] + [forked.REPLY_TIMEOUT_S] * 3
+    assert waited == [forked.READY_TIMEOUT_S] + [forked.REPLY_TIMEOUT_S] * 3 + \
+        [forked.READY_TIMEOUT_S, forked.REPLY_TIMEOUT_S]  # a data set to build: as an import
+
+
+def test_the_zygote_builds_a_runs_data_sets_once_before_forking_its_workers(tmp_path, monkeypatch):
+    """``PSRING_PRELOAD_DATA`` in a worker's environment: the zygote builds those sets before the fork, so the
+    worker's ``build_dataset`` finds them (shared with the run's other workers) instead of generating its own; the
+    launcher asks for the run's training set, and its test set where the run evaluates; what is not a list of
+    sets is ignored (the worker builds its own)."""
+    import types
+
+    from psring.config import TrainConfig
+    from psring.launch import launcher, zygote
+    from psring.launch.placement import Placement
+    from psring.train import datasets
+
+    try:
+        zygote._prebuild("not json")
+        zygote._prebuild('{"name": "synthetic"}')
+        assert datasets._prebuilt == {}
+        envs = {}
+        kids = types.SimpleNamespace(spawn=lambda name, argv, env, log, stdout_to_terminal: envs.setdefault(name, env))
+        for evaluate in (True, False):
+            envs.clear()
+            cfg = TrainConfig(sync="ring", workers=2, steps=2, num_samples=48, batch_size=8, seed=3, eval=evaluate,
+                              out=str(tmp_path / f"{evaluate}")).validate()
+            launcher.start_workers(cfg, tmp_path, kids, Placement(cfg), echo=False)
+            asked = {env.get(zygote.PRELOAD_DATA_ENV) for env in envs.values()}
+            assert len(asked) == 1
+            zygote._prebuild(asked.pop())
+            train = datasets.build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir,
+                                           image_size=cfg.input_size)  # as trainer.worker_batches calls it
+            made = [id(d) for d in datasets._prebuilt.values()]
+            assert id(train) in made and len(train) == 48
+            test = datasets.build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
+            assert (id(test) in made) == evaluate and len(made) == 1 + evaluate
+    finally:
+        datasets.prebuild([])
+        gc.unfreeze()

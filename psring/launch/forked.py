@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from .zygote import PRELOAD_ENV
+from .zygote import PRELOAD_DATA_ENV, PRELOAD_ENV
 
 READY_TIMEOUT_S = 120.0  # the zygote's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0  # a fork's pid
@@ -90,7 +90,7 @@ class Zygote:
         self.pids: list[int] = []  # forks not yet handed out
         self.procs: dict[int, ForkedProc] = {}
         self.exits: dict[int, int] = {}  # exit codes that came before their pid was handed out
-        self.preloads: set[str] = set()  # what requests asked the zygote to import before their fork (PRELOAD_ENV)
+        self.preloads: set[str] = set()  # what requests asked the zygote to import or build before their fork
         with self.lock:
             ready = self._wait_for(lambda m: "ready" in m or "error" in m, READY_TIMEOUT_S)
         self.ready = bool(ready) and "ready" in ready
@@ -105,7 +105,8 @@ class Zygote:
         with open(log, "w") as f, self.lock:
             fds = [f.fileno()] + ([1] if terminal else [])  # Popen(stdout=None): the launcher's fd 1 as it is now
             socket.send_fds(self.sock, [req], fds)
-            preload = env.get(PRELOAD_ENV, "")  # the first request to ask for it waits for the zygote's import too
+            # the first request to ask for an import or a data set waits for the zygote's import or build too
+            preload = env.get(PRELOAD_ENV, "") + env.get(PRELOAD_DATA_ENV, "")
             timeout = READY_TIMEOUT_S if preload and preload not in self.preloads else REPLY_TIMEOUT_S
             self.preloads.add(preload)
             if self._wait_for(lambda _: bool(self.pids), timeout) is None:

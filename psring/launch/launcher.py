@@ -9,6 +9,7 @@ output folder (``outdir``) and the machine's memory (``resources``) are checked.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -30,7 +31,7 @@ from .placement import Placement
 from .resources import check_train, plural
 from .restarts import keep_upto, put_back, record_in_summary, restart_point, set_aside_logs
 from .watch import LaunchError, check_alive, watch
-from .zygote import PRELOAD_ENV
+from .zygote import PRELOAD_DATA_ENV, PRELOAD_ENV
 
 __all__ = ["LaunchError", "check_alive", "child_env", "free_port", "launch", "start_listeners"]
 
@@ -109,6 +110,7 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
     # a worker that builds a torch.optim optimizer (every strategy without servers) imports torch._dynamo there:
     # the zygote imports it once, before it forks them (zygote.PRELOAD_ENV)
     preload = {} if uses_servers(cfg.sync) else {PRELOAD_ENV: "torch._dynamo"}
+    preload[PRELOAD_DATA_ENV] = json.dumps(worker_datasets(cfg))
     workers = []
     for r in range(cfg.workers):
         env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, MASTER_ADDR=master,
@@ -117,6 +119,14 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
         workers.append(kids.spawn(f"worker {r}", argv, env, out / "logs" / f"worker{r}.log",
                                   stdout_to_terminal=echo and r == 0))
     return workers
+
+
+def worker_datasets(cfg: TrainConfig) -> list[dict]:
+    """The data sets every worker builds (``trainer.worker_batches``; the test set where it evaluates), as
+    ``datasets.build_dataset``'s keyword arguments: what the zygote builds once for all of them."""
+    common = {"name": cfg.dataset, "seed": cfg.seed, "data_dir": cfg.data_dir, "image_size": cfg.input_size}
+    return [{**common, "num_samples": cfg.num_samples, "split": "train"}] + \
+        ([{**common, "num_samples": None, "split": "test"}] if cfg.eval else [])
 
 
 def _raise_interrupt(signum, _frame):
