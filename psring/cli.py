@@ -124,6 +124,9 @@ def cmd_sweep(a) -> int:
     return 1 if len(failed) else 0
 
 
+INTERNAL = ("bench-worker",)  # commands psring starts itself (``psring bench``'s workers); not in --help
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="psring", description="Parameter server vs ring all-reduce.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -138,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--config", help="a resolved config.json (how `psring train` starts its workers)")
     w.set_defaults(func=cmd_worker)
 
-    b = sub.add_parser("bench-worker", help="one `psring bench` worker (how `psring bench` starts them)")
+    b = sub.add_parser("bench-worker", description="one `psring bench` worker (how `psring bench` starts them)")
     b.add_argument("--spec", required=True, help="the group's spec (JSON), as `psring bench` writes it")
     b.set_defaults(func=cmd_bench_worker)
 
@@ -181,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .tools import add_tool_parsers
 
     add_tool_parsers(sub)  # calibrate, plot, net cleanup
+    # the commands --help lists: not INTERNAL ones (added without a help line, so not in its table either)
+    sub.metavar = "{" + ",".join(name for name in sub.choices if name not in INTERNAL) + "}"
     return p
 
 

@@ -37,6 +37,19 @@ def test_parsing_the_command_line_imports_neither_torch_nor_pandas():
     assert r.returncode == 0 and r.stdout.strip() == "[]", (r.stdout, r.stderr[-2000:])
 
 
+def test_help_lists_the_users_commands_not_the_ones_psring_starts_itself():
+    """``psring bench-worker`` (how ``psring bench`` starts its workers) parses, but ``--help`` lists only the
+    commands a user runs: ``worker`` and ``server`` are torchrun's and multi-host runs' own."""
+    from psring.cli import INTERNAL, build_parser
+
+    p = build_parser()
+    text = p.format_help()
+    for name in ("train", "worker", "server", "compare", "sweep", "bench", "simulate", "plot", "calibrate"):
+        assert f"    {name} " in text and name in text.splitlines()[1], name
+    assert INTERNAL == ("bench-worker",) and "bench-worker" not in text
+    assert p.parse_args(["bench-worker", "--spec", "s.json"]).spec == "s.json"
+
+
 def test_more_servers_than_parameters_fails_naming_the_problem(psring, tmp_path):
     r = psring.run("train", "--sync", "ps", "--servers", "600000", "--steps", "2", "--out", str(tmp_path / "r"))
     assert r.returncode == 2  # refused before anything starts (the cnn has 545,098 parameter elements)
