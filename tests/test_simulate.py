@@ -162,6 +162,25 @@ def test_congestion_control_explains_the_rings_misses():
           & (v.compress == "none")]["sim_sync_s"].iloc[0])
 
 
+def test_the_rings_traced_rounds_run_at_the_links_pace_and_the_gap_lies_outside_them():
+    """results/simulate/ring_rounds.csv (benchmarks/ring_rounds.py): at 1 Gbit the hand-written ring's gradient
+    rounds take their bytes' link time (what the replay prices); the first bucket's tiny rounds, the time between
+    rounds and fp16's casts make most of what the replay misses, and they grow with N."""
+    r = pd.read_csv(RESULTS / "simulate" / "ring_rounds.csv")
+    assert len(r) == 6 and set(r["compress"]) == {"none", "fp16"} and set(r["workers"]) == {2, 4, 8}
+    assert (r["rounds_s"] / r["link_s"]).between(0.95, 1.03).all()
+    assert (r["sim_sync_s"] / r["sync_s"] - r["sync_ratio"]).abs().max() < 1e-9
+    gap = r["sync_s"] - r["sim_sync_s"]
+    outside = r["first_bucket_s"] + r["between_s"] + r["outside_s"] + r["rounds_s"] - r["link_s"]
+    missed = r["sync_ratio"] < 0.93  # (fp32 at N = 2 and 4: within 5%, where tbf's burst speeds the rounds)
+    assert missed.sum() == 4 and (outside / gap)[missed].between(0.8, 1.0).all(), outside / gap
+    for _, c in r.sort_values("workers").groupby("compress"):
+        assert c["first_bucket_s"].is_monotonic_increasing and c["sync_ratio"].is_monotonic_decreasing
+    fp16 = r[r["compress"] == "fp16"]
+    assert (fp16["sync_ratio"] < 0.9).all() and (r[r["compress"] == "none"]["sync_ratio"] >= 0.9).all()
+    assert (fp16["outside_s"].to_numpy() > r[r["compress"] == "none"]["outside_s"].to_numpy()).all()  # the casts
+
+
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
     """Bad flags, and ``--from`` a folder that is no run or a run without a calibration (results/overlap has
     none: its folder never calibrated its link)."""
