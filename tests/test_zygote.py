@@ -5,6 +5,7 @@ other command line start afresh. (Every launching test runs its children this wa
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import subprocess
@@ -213,9 +214,13 @@ def test_the_zygote_builds_a_runs_data_sets_once_before_forking_its_workers(tmp_
     from psring.launch.placement import Placement
     from psring.train import datasets
 
+    def request(env: dict) -> dict:
+        return {"cwd": str(tmp_path), "env": {**os.environ, **env}}
+
+    here = os.getcwd()
     try:
-        zygote._prebuild("not json")
-        zygote._prebuild('{"name": "synthetic"}')
+        zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: "not json"}))
+        zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: '{"name": "synthetic"}'}))
         assert datasets._prebuilt == {}
         envs = {}
         kids = types.SimpleNamespace(spawn=lambda name, argv, env, log, stdout_to_terminal: envs.setdefault(name, env))
@@ -226,13 +231,32 @@ def test_the_zygote_builds_a_runs_data_sets_once_before_forking_its_workers(tmp_
             launcher.start_workers(cfg, tmp_path, kids, Placement(cfg), echo=False)
             asked = {env.get(zygote.PRELOAD_DATA_ENV) for env in envs.values()}
             assert len(asked) == 1
-            zygote._prebuild(asked.pop())
+            zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: asked.pop()}))
+            os.chdir(tmp_path)  # (the request's: sets are kept for the directory and environment they were built in)
             train = datasets.build_dataset(cfg.dataset, cfg.num_samples, cfg.seed, cfg.data_dir,
                                            image_size=cfg.input_size)  # as trainer.worker_batches calls it
             made = [id(d) for d in datasets._prebuilt.values()]
             assert id(train) in made and len(train) == 48
             test = datasets.build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
             assert (id(test) in made) == evaluate and len(made) == 1 + evaluate
+        # a relative folder is built where the request runs, and in its environment; another directory, another set
+        from PIL import Image
+
+        for k, name in enumerate(("cat", "dog")):
+            (tmp_path / "imgs" / name).mkdir(parents=True)
+            for i in range(5):
+                Image.new("RGB", (8, 8), (40 * k, 10 * i, 0)).save(tmp_path / "imgs" / name / f"{i}.png")
+        (tmp_path / "elsewhere").mkdir()
+        asked = {zygote.PRELOAD_DATA_ENV: json.dumps([{"name": "folder:imgs", "image_size": 32}]),
+                 "PSRING_DATA": str(tmp_path / "data")}
+        zygote._prebuild(request(asked))
+        [made] = datasets._prebuilt.values()
+        assert len(made) == 8 and os.getcwd() == "/" and os.environ.get("PSRING_DATA") != str(tmp_path / "data")
+        zygote._prebuild({**request(asked), "cwd": str(tmp_path / "elsewhere")})  # no imgs/ there
+        assert datasets._prebuilt == {}
+        zygote._prebuild(request(asked))
+        assert len(datasets._prebuilt) == 1 and next(iter(datasets._prebuilt.values())) is not made  # built anew
     finally:
+        os.chdir(here)
         datasets.prebuild([])
         gc.unfreeze()

@@ -175,17 +175,27 @@ def _preload(names: str) -> None:
         gc.freeze()
 
 
-def _prebuild(specs: str) -> None:
+def _prebuild(req: dict) -> None:
     """Build the data sets a request asks for (``PRELOAD_DATA_ENV``) before its fork, once for all the requests
-    that ask for the same; numpy only, so in any torch build. What fails is left to the child."""
+    that ask for the same; in the request's working directory and environment, where its child would build them
+    (a relative folder, ``PSRING_DATA``); numpy only, so in any torch build. What fails is left to the child."""
+    specs = req["env"].get(PRELOAD_DATA_ENV, "")
     if not specs:
         return
     from psring.train import datasets
 
+    env = dict(os.environ)
     try:
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
         datasets.prebuild(json.loads(specs))
-    except (ValueError, TypeError):  # (not a JSON list of objects: the child does without)
+    except (OSError, ValueError, TypeError):  # (no such folder; not a JSON list of objects: the child does without)
         return
+    finally:
+        os.chdir("/")  # (the zygote's own directory is no child's: each goes to its request's)
+        os.environ.clear()
+        os.environ.update(env)
     gc.freeze()
 
 
@@ -216,7 +226,7 @@ def serve(fd: int) -> int:
                 return 0
             req = json.loads(msg)
             _preload(req["env"].get(PRELOAD_ENV, ""))
-            _prebuild(req["env"].get(PRELOAD_DATA_ENV, ""))
+            _prebuild(req)
             pid = os.fork()
             if pid == 0:
                 _child(req, fds, sock)
