@@ -241,6 +241,9 @@ def test_prebuilt_sets_are_what_build_dataset_returns_for_the_same_arguments_onl
             build_dataset("cifar10", None, 0, tmp_path / "none")
         datasets.prebuild([{"name": "synthetic", "num_samples": 32, "seed": 1}])
         assert build_dataset("synthetic", 64, 1) is not train  # dropped: a zygote serving many runs keeps one
-        assert build_dataset("synthetic", 32, 1) is build_dataset("synthetic", 32, 1)
+        small = build_dataset("synthetic", 32, 1)
+        assert build_dataset("synthetic", 32, 1) is small
+        datasets.prebuild([{"name": "synthetic", "num_samples": 32, "seed": 1}], run="the next run")
+        assert build_dataset("synthetic", 32, 1) is not small  # each run's own
     finally:
         datasets.prebuild([])

@@ -247,15 +247,21 @@ def test_the_zygote_builds_a_runs_data_sets_once_before_forking_its_workers(tmp_
             for i in range(5):
                 Image.new("RGB", (8, 8), (40 * k, 10 * i, 0)).save(tmp_path / "imgs" / name / f"{i}.png")
         (tmp_path / "elsewhere").mkdir()
-        asked = {zygote.PRELOAD_DATA_ENV: json.dumps([{"name": "folder:imgs", "image_size": 32}]),
-                 "PSRING_DATA": str(tmp_path / "data")}
-        zygote._prebuild(request(asked))
+        def asking(run: str) -> dict:
+            sets = [{"name": "folder:imgs", "image_size": 32}]
+            return {zygote.PRELOAD_DATA_ENV: json.dumps({"run": run, "sets": sets}), "PSRING_DATA": str(tmp_path)}
+
+        zygote._prebuild(request(asking("run 1")))
         [made] = datasets._prebuilt.values()
-        assert len(made) == 8 and os.getcwd() == "/" and os.environ.get("PSRING_DATA") != str(tmp_path / "data")
-        zygote._prebuild({**request(asked), "cwd": str(tmp_path / "elsewhere")})  # no imgs/ there
+        assert len(made) == 8 and os.getcwd() == "/" and os.environ.get("PSRING_DATA") != str(tmp_path)
+        zygote._prebuild(request(asking("run 1")))  # the run's next worker
+        assert list(datasets._prebuilt.values()) == [made]
+        zygote._prebuild({**request(asking("run 1")), "cwd": str(tmp_path / "elsewhere")})  # no imgs/ there
         assert datasets._prebuilt == {}
-        zygote._prebuild(request(asked))
-        assert len(datasets._prebuilt) == 1 and next(iter(datasets._prebuilt.values())) is not made  # built anew
+        zygote._prebuild(request(asking("run 1")))
+        [again] = datasets._prebuilt.values()
+        zygote._prebuild(request(asking("run 2")))  # the next run: its folder may have changed since
+        assert again is not made and next(iter(datasets._prebuilt.values())) is not again
     finally:
         os.chdir(here)
         datasets.prebuild([])

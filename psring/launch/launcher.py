@@ -110,7 +110,7 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
     # a worker that builds a torch.optim optimizer (every strategy without servers) imports torch._dynamo there:
     # the zygote imports it once, before it forks them (zygote.PRELOAD_ENV)
     preload = {} if uses_servers(cfg.sync) else {PRELOAD_ENV: "torch._dynamo"}
-    preload[PRELOAD_DATA_ENV] = json.dumps(worker_datasets(cfg))
+    preload[PRELOAD_DATA_ENV] = json.dumps({"run": f"{out}@{time.time_ns()}", "sets": worker_datasets(cfg)})
     workers = []
     for r in range(cfg.workers):
         env = child_env(cfg.resolved_threads(), RANK=r, WORLD_SIZE=cfg.workers, MASTER_ADDR=master,

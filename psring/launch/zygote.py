@@ -39,10 +39,11 @@ MAX_REQUEST_BYTES = 1 << 20  # a request: the child's command line and environme
 # run's worker CPU on 2 shared cores, py-spy; it starts no thread). PS workers build none: their runs would pay it
 # for nothing.
 PRELOAD_ENV = "PSRING_PRELOAD"
-# The data sets a worker's environment asks the zygote to build before forking it (a JSON list of
-# ``datasets.build_dataset``'s keyword arguments; ``datasets.prebuild``): ``launcher.start_workers`` asks for the
-# run's training set (and its test set where the run evaluates), so that the run's N workers share one instead of
-# each generating or reading its own (synthetic's 10,000 images: 0.5 s of CPU each, N of them at once)
+# The data sets a worker's environment asks the zygote to build before forking it (JSON: ``{"run": a token of the
+# launch, "sets": [datasets.build_dataset's keyword arguments, ...]}``; ``datasets.prebuild``):
+# ``launcher.start_workers`` asks for the run's training set (and its test set where the run evaluates), so that the
+# run's N workers share one instead of each generating or reading its own (synthetic's 10,000 images: 0.5 s of CPU
+# each, N of them at once); the next run's workers get sets built for them
 PRELOAD_DATA_ENV = "PSRING_PRELOAD_DATA"
 RANK_TITLE = " (rank {})"  # after a forked worker's command line (``chaos.role_of`` reads it back)
 STARTED_IN = os.getcwd()  # the zygote's working directory, where ``python -m`` pointed sys.path[0]
@@ -189,8 +190,10 @@ def _prebuild(req: dict) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        datasets.prebuild(json.loads(specs))
-    except (OSError, ValueError, TypeError):  # (no such folder; not a JSON list of objects: the child does without)
+        asked = json.loads(specs)
+        datasets.prebuild(asked["sets"], asked["run"])
+    except (OSError, ValueError, TypeError, KeyError):  # (no such folder, not what the launcher writes: the child
+        # does without)
         return
     finally:
         os.chdir("/")  # (the zygote's own directory is no child's: each goes to its request's)

@@ -222,7 +222,7 @@ def build_dataset(name: str, num_samples: int | None = None, seed: int = 0,
 # The sets ``prebuild`` made: the launcher's zygote builds a run's sets once before it forks the run's workers, which
 # then find them here (memory shared copy-on-write; no worker writes into a set) instead of each building its own
 _prebuilt: dict[str, ImageSet] = {}
-_prebuilt_in = [""]  # the context they were built in (``prebuild``)
+_prebuilt_in = [""]  # the run and context they were built for (``prebuild``)
 CONTEXT_ENV = ("PSRING_DATA", "HOME")  # what a set's files are found by besides the working directory
 
 
@@ -235,12 +235,13 @@ def context() -> str:
     return json.dumps([os.getcwd(), *(os.environ.get(k) for k in CONTEXT_ENV)])
 
 
-def prebuild(specs: list[dict]) -> None:
+def prebuild(specs: list[dict], run: str = "") -> None:
     """Build each set ``specs`` names (``build_dataset``'s keyword arguments; each at most once) and keep them,
     and only them, for ``build_dataset``'s calls with the same arguments in this process and its forks. A set
     that cannot be built is left out: the process that needs it builds it and says what is wrong. Sets kept from
-    an earlier call are used again only in the same ``context`` (a relative folder is another one elsewhere)."""
-    if _prebuilt_in[0] != (here := context()):
+    an earlier call are used again only for the same ``run`` (a folder's or a file's contents may change between
+    two runs) in the same ``context`` (a relative folder is another one elsewhere)."""
+    if _prebuilt_in[0] != (here := json.dumps([run, context()])):
         from . import files
 
         _prebuilt.clear()
