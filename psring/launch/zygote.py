@@ -187,6 +187,10 @@ def _prebuild(req: dict) -> None:
 
     env = dict(os.environ)
     try:
+        here = os.getcwd()
+    except OSError:  # (removed since the zygote started)
+        here = "/"
+    try:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
@@ -196,7 +200,10 @@ def _prebuild(req: dict) -> None:
         # does without)
         return
     finally:
-        os.chdir("/")  # (the zygote's own directory is no child's: each goes to its request's)
+        try:
+            os.chdir(here)
+        except OSError:
+            os.chdir("/")
         os.environ.clear()
         os.environ.update(env)
     gc.freeze()
