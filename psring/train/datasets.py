@@ -87,7 +87,7 @@ class SyntheticImages(ImageSet):
         labels = rng.integers(0, NUM_CLASSES, size=n).astype(np.int64)
         # pixel = clip((noise * 1.2 + 0.1 * prototype + shift) * 40 + 128), in float32, cast to uint8; computed
         # SYNTHETIC_CHUNK images at a time (the noise drawn in chunks is the same stream as in one draw), so that
-        # no temporary of the whole set is made: 0.5 s of CPU a worker where whole-set temporaries took 0.9-1.3
+        # no temporary of the whole set is made: 0.5 s of CPU a worker where whole-set temporaries took 0.8-1.0
         scaled = 0.1 * protos
         noise = np.empty((n, 3, 32, 32), np.float32)
         for i in range(0, n, SYNTHETIC_CHUNK):
