@@ -9,8 +9,8 @@ Each point is results/compression_sync's setting (``psring train --sync ring --n
 of every bucket as each rank saw it (``ring.Transfer``); per timed step and rank the step's sync time splits into:
 
 - ``first_bucket_s``: bucket 0's 2(N - 1) rounds, from its first post to its last completion: the first bucket is
-  capped at 1 MB (DDP's), which holds ResNet-18's classifier alone (24.6 kB, 12.3 kB in fp16), so its rounds carry
-  0.8-12 kB each and cost what a round costs beyond its bytes;
+  capped at 1 MB (DDP's), which holds ResNet-18's classifier and last batch norm (24.6 kB, 12.3 kB in fp16), so
+  its rounds carry 1.5-12 kB each and cost what a round costs beyond its bytes;
 - ``rounds_s`` and ``link_s``: the other buckets' rounds, summed, against their bytes at the link's payload rate
   (rate x 1448/1514): the share the replay prices;
 - ``between_s``: the time between those rounds (a reduce-scatter round's add, the next round's post);
