@@ -238,29 +238,18 @@ def test_the_zygote_builds_a_runs_data_sets_once_before_forking_its_workers(tmp_
             assert id(train) in made and len(train) == 48
             test = datasets.build_dataset(cfg.dataset, None, cfg.seed, cfg.data_dir, "test", cfg.input_size)
             assert (id(test) in made) == evaluate and len(made) == 1 + evaluate
-        # a relative folder is built where the request runs, and in its environment; another directory, another set
-        from PIL import Image
-
-        for k, name in enumerate(("cat", "dog")):
-            (tmp_path / "imgs" / name).mkdir(parents=True)
-            for i in range(5):
-                Image.new("RGB", (8, 8), (40 * k, 10 * i, 0)).save(tmp_path / "imgs" / name / f"{i}.png")
-        (tmp_path / "elsewhere").mkdir()
-        def asking(run: str) -> dict:
-            sets = [{"name": "folder:imgs", "image_size": 32}]
-            return {zygote.PRELOAD_DATA_ENV: json.dumps({"run": run, "sets": sets}), "PSRING_DATA": str(tmp_path)}
-
-        zygote._prebuild(request(asking("run 1")))
+        # a folder (or a file, or CIFAR-10) is found by the worker's own directory and environment: not asked for
+        cfg = TrainConfig(sync="ring", workers=2, steps=2, dataset=f"folder:{tmp_path}", batch_size=1,
+                          out=str(tmp_path / "folder"))
+        assert launcher.worker_datasets(cfg) == []
+        env, cwd = dict(os.environ), os.getcwd()
+        zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: json.dumps({"run": "r", "sets": [{"name": "synthetic"}]})}))
+        assert dict(os.environ) == env and os.getcwd() == cwd  # (a child's title takes the environment's room)
         [made] = datasets._prebuilt.values()
-        assert len(made) == 8 and os.getcwd() == here and os.environ.get("PSRING_DATA") != str(tmp_path)
-        zygote._prebuild(request(asking("run 1")))  # the run's next worker
-        assert list(datasets._prebuilt.values()) == [made]
-        zygote._prebuild({**request(asking("run 1")), "cwd": str(tmp_path / "elsewhere")})  # no imgs/ there
-        assert datasets._prebuilt == {}
-        zygote._prebuild(request(asking("run 1")))
-        [again] = datasets._prebuilt.values()
-        zygote._prebuild(request(asking("run 2")))  # the next run: its folder may have changed since
-        assert again is not made and next(iter(datasets._prebuilt.values())) is not again
+        zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: json.dumps({"run": "r", "sets": [{"name": "synthetic"}]})}))
+        assert list(datasets._prebuilt.values()) == [made]  # the launch's next worker
+        zygote._prebuild(request({zygote.PRELOAD_DATA_ENV: json.dumps({"run": "s", "sets": [{"name": "synthetic"}]})}))
+        assert next(iter(datasets._prebuilt.values())) is not made  # the next launch's own
     finally:
         os.chdir(here)
         datasets.prebuild([])

@@ -24,6 +24,7 @@ from ..metrics.summary import finalize_run, saturated, warmup_of
 from ..strategies import uses_servers
 from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
+from ..train.datasets import GENERATED
 from .children import Child, Children
 from .link_sampler import LinkSampler
 from .outdir import RunLock, check_out, prepare_out, resumes_in_place, temp_folders
@@ -123,7 +124,11 @@ def start_workers(cfg: TrainConfig, out: Path, kids: Children, place: Placement,
 
 def worker_datasets(cfg: TrainConfig) -> list[dict]:
     """The data sets every worker builds (``trainer.worker_batches``; the test set where it evaluates), as
-    ``datasets.build_dataset``'s keyword arguments: what the zygote builds once for all of them."""
+    ``datasets.build_dataset``'s keyword arguments: what the zygote builds once for all of them. Only the sets made
+    from their arguments alone (``datasets.GENERATED``): a folder, a file or CIFAR-10 is found by the worker's own
+    working directory and environment, which the zygote's are not."""
+    if cfg.dataset not in GENERATED:
+        return []
     common = {"name": cfg.dataset, "seed": cfg.seed, "data_dir": cfg.data_dir, "image_size": cfg.input_size}
     return [{**common, "num_samples": cfg.num_samples, "split": "train"}] + \
         ([{**common, "num_samples": None, "split": "test"}] if cfg.eval else [])

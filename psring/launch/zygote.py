@@ -177,35 +177,19 @@ def _preload(names: str) -> None:
 
 
 def _prebuild(req: dict) -> None:
-    """Build the data sets a request asks for (``PRELOAD_DATA_ENV``) before its fork, once for all the requests
-    that ask for the same; in the request's working directory and environment, where its child would build them
-    (a relative folder, ``PSRING_DATA``); numpy only, so in any torch build. What fails is left to the child."""
+    """Build the data sets a request asks for (``PRELOAD_DATA_ENV``) before its fork, once for all the requests of
+    its launch; numpy only, so in any torch build. What fails is left to the child. (The zygote's environment is
+    left as it is: a child's title, ``setproctitle``, takes the room of the environment the zygote started with.)"""
     specs = req["env"].get(PRELOAD_DATA_ENV, "")
     if not specs:
         return
     from psring.train import datasets
 
-    env = dict(os.environ)
     try:
-        here = os.getcwd()
-    except OSError:  # (removed since the zygote started)
-        here = "/"
-    try:
-        os.chdir(req["cwd"])
-        os.environ.clear()
-        os.environ.update(req["env"])
         asked = json.loads(specs)
         datasets.prebuild(asked["sets"], asked["run"])
-    except (OSError, ValueError, TypeError, KeyError):  # (no such folder, not what the launcher writes: the child
-        # does without)
+    except (ValueError, TypeError, KeyError):  # (not what the launcher writes: the child does without)
         return
-    finally:
-        try:
-            os.chdir(here)
-        except OSError:
-            os.chdir("/")
-        os.environ.clear()
-        os.environ.update(env)
     gc.freeze()
 
 

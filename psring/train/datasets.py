@@ -23,6 +23,7 @@ import numpy as np
 NUM_CLASSES = 10
 SPLITS = ("train", "test")
 DATASETS = ("synthetic", "cifar10", "digits")
+GENERATED = ("synthetic", "digits")  # the sets made from their arguments alone: no file, no environment, no directory
 SYNTHETIC_CHUNK = 512  # images generated at a time (1.5 MB of float32: in cache)
 
 # CIFAR-10's per-channel statistics over its training set (pixels scaled to [0, 1]).
