@@ -223,15 +223,15 @@ def test_synthetic_in_chunks_is_the_one_pass_set_bit_for_bit(n, seed, split):
 
 def test_prebuilt_sets_are_what_build_dataset_returns_for_the_same_arguments_only(tmp_path):
     """``datasets.prebuild`` (the zygote's, before it forks a run's workers): the same arguments get the set it
-    made, other ones a new set; one it cannot build is left to the caller, who gets the error; each call keeps only
-    the sets it names."""
+    made, other ones a new set; one it cannot build, or one found by the caller's directory or environment (CIFAR-10,
+    a folder, a file), is left to the caller, who gets the error; each call keeps only the sets it names."""
     from psring.train import datasets
 
     try:
         datasets.prebuild([{"name": "synthetic", "num_samples": 64, "seed": 1},
                            {"name": "synthetic", "num_samples": None, "seed": 1, "split": "test"},
                            {"name": "cifar10", "data_dir": str(tmp_path / "none")},
-                           {"name": "synthetic", "no_such_argument": 1}])
+                           {"name": "synthetic", "no_such_argument": 1}, "synthetic", {"seed": 1}])
         train = build_dataset("synthetic", 64, 1)
         assert build_dataset("synthetic", 64, 1) is train
         assert build_dataset("synthetic", None, 1, split="test") is build_dataset("synthetic", None, 1, None, "test")

@@ -223,34 +223,28 @@ def build_dataset(name: str, num_samples: int | None = None, seed: int = 0,
 # The sets ``prebuild`` made: the launcher's zygote builds a run's sets once before it forks the run's workers, which
 # then find them here (memory shared copy-on-write; no worker writes into a set) instead of each building its own
 _prebuilt: dict[str, ImageSet] = {}
-_prebuilt_in = [""]  # the run and context they were built for (``prebuild``)
-CONTEXT_ENV = ("PSRING_DATA", "HOME")  # what a set's files are found by besides the working directory
+_prebuilt_for = [""]  # the launch they were built for (``prebuild``)
 
 
 def _key(name: str, num_samples: int | None, seed: int, data_dir, split: str, image_size: int | None) -> str:
     return json.dumps([name, num_samples, seed, None if data_dir is None else str(data_dir), split, image_size])
 
 
-def context() -> str:
-    """Where this process finds a set's files: its working directory and ``CONTEXT_ENV``."""
-    return json.dumps([os.getcwd(), *(os.environ.get(k) for k in CONTEXT_ENV)])
-
-
 def prebuild(specs: list[dict], run: str = "") -> None:
     """Build each set ``specs`` names (``build_dataset``'s keyword arguments; each at most once) and keep them,
-    and only them, for ``build_dataset``'s calls with the same arguments in this process and its forks. A set
-    that cannot be built is left out: the process that needs it builds it and says what is wrong. Sets kept from
-    an earlier call are used again only for the same ``run`` (a folder's or a file's contents may change between
-    two runs) in the same ``context`` (a relative folder is another one elsewhere)."""
-    if _prebuilt_in[0] != (here := json.dumps([run, context()])):
-        from . import files
-
+    and only them, for ``build_dataset``'s calls with the same arguments in this process and its forks. Only the
+    sets made from their arguments alone (``GENERATED``) are built: a folder, a file or CIFAR-10 is found by the
+    caller's own directory and environment, so it builds those itself. A set that cannot be built is left out: the
+    process that needs it builds it and says what is wrong. Sets kept from an earlier call are used again only for
+    the same ``run`` (the launch that asks)."""
+    if _prebuilt_for[0] != run:
         _prebuilt.clear()
-        files.forget()
-        _prebuilt_in[0] = here
+        _prebuilt_for[0] = run
     keep: dict[str, ImageSet] = {}
     for spec in specs:
         try:
+            if spec["name"] not in GENERATED:
+                continue
             args = {"num_samples": None, "seed": 0, "data_dir": None, "split": "train", "image_size": None, **spec}
             key = _key(**args)
             made = keep.get(key, _prebuilt.get(key))

@@ -191,13 +191,6 @@ def _checked(p: Path, key: str, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarra
     return np.ascontiguousarray(x), y.astype(np.int64)
 
 
-def forget() -> None:
-    """Drop what ``scan_folder`` and the npz reader keep by path: a relative path names another folder or file once
-    the working directory is another (``datasets.prebuild``, in a zygote that serves many runs)."""
-    scan_folder.cache_clear()
-    _npz.cache_clear()
-
-
 def load_npz(path: str, split: str) -> ImageSet:
     _check_split(split)
     d = _npz(path)
