@@ -55,6 +55,37 @@ def pytest_xdist_make_scheduler(config, log):
     return NetAsOneFile(config, log)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_zygote():
+    """One zygote for every ``psring`` command this test process starts (``PSRING_ZYGOTE``: each command's launcher
+    forks its children from a fork of it, ``launch/zygote.py``), so that the suite's few hundred commands do not each
+    import torch in a zygote of their own. It ends with this process; a command that finds none starts its own."""
+    import shutil
+    import tempfile
+
+    from psring.launch.forked import SHARED_ENV
+
+    where = Path(tempfile.mkdtemp(prefix="psring-zygote-"))
+    with open(where / "zygote.log", "w") as log:
+        hub = subprocess.Popen([sys.executable, "-m", "psring.launch.zygote", "--listen", str(where / "zygote.sock")],
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    deadline = time.monotonic() + 60  # it listens before it imports: at once, but on a busy machine
+    while not (where / "zygote.sock").exists() and hub.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.environ[SHARED_ENV] = str(where / "zygote.sock")
+    try:
+        yield
+    finally:
+        del os.environ[SHARED_ENV]
+        hub.terminate()
+        try:
+            hub.wait(30)
+        except subprocess.TimeoutExpired:
+            hub.kill()
+            hub.wait()
+        shutil.rmtree(where, ignore_errors=True)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: a measurement that needs the machine to itself: under xdist, "
                                        "the other workers finish their current test and wait while it runs")

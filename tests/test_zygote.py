@@ -132,6 +132,7 @@ def test_a_zygote_that_cannot_start_leaves_children_to_start_afresh(tmp_path, mo
         raise OSError("no SOCK_SEQPACKET here")
 
     monkeypatch.setattr(forked, "_zygote", None)  # (this process's own one is put back afterwards)
+    monkeypatch.delenv(forked.SHARED_ENV, raising=False)
     monkeypatch.setattr(forked, "Zygote", no_socket_pair)
     kids = Children()
     try:
@@ -141,6 +142,63 @@ def test_a_zygote_that_cannot_start_leaves_children_to_start_afresh(tmp_path, mo
         assert forked._zygote is False and len(tries) == 1
     finally:
         kids.stop_all()
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_launchers_share_a_listening_zygote_each_through_a_fork_of_its_own(tmp_path):
+    """``python -m psring.launch.zygote --listen PATH`` (``PSRING_ZYGOTE``): each launcher that connects gets a fork
+    of it as its zygote, which forks its children and ends with its connection; a second one on the same path is
+    refused in one line (exit 2); it removes its socket when it ends, and a launcher then finds none."""
+    from psring.launch import forked
+
+    sock = tmp_path / "z.sock"
+    hub = subprocess.Popen([sys.executable, "-m", "psring.launch.zygote", "--listen", str(sock)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    zygotes = []
+    try:
+        wait_for(sock.exists, 60, "the shared zygote to listen")
+        again = subprocess.run([sys.executable, "-m", "psring.launch.zygote", "--listen", str(sock)],
+                               check=False, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 2 and again.stderr.count("\n") == 1 and "cannot listen" in again.stderr
+        zygotes = [forked.Zygote(str(sock)) for _ in range(2)]
+        assert all(z.ready for z in zygotes) and len({z.proc.pid for z in zygotes}) == 2
+        assert {_ppid(z.proc.pid) for z in zygotes} == {hub.pid}
+        bad = zygotes[0].spawn(["server", "--workers", "0"], dict(os.environ), tmp_path / "bad.log", False, None)
+        assert _ppid(bad.pid) == zygotes[0].proc.pid and bad.wait(60) == 2
+        assert "workers" in (tmp_path / "bad.log").read_text()
+        first = zygotes[0].proc.pid
+        zygotes[0].close()  # its zygote ends (the shared one reaps it); the other serves on
+        wait_for(lambda: not Path(f"/proc/{first}").exists(), 30, "the first launcher's zygote to end")
+        assert zygotes[1].alive() and hub.poll() is None
+        hub.terminate()
+        assert hub.wait(30) == 0 and not sock.exists()
+        wait_for(lambda: zygotes[1].collect(0.1) or not zygotes[1].alive(), 30, "the fork's end to show")
+        assert forked._connect(str(sock)) is None and forked._connect(None) is None
+    finally:
+        for z in zygotes:
+            z.close()
+        hub.kill()
+        hub.wait()
+
+
+def test_a_launcher_where_no_shared_zygote_listens_starts_its_own(tmp_path, monkeypatch):
+    from psring.launch import forked
+
+    monkeypatch.setattr(forked, "_zygote", None)  # (this process's own one is put back afterwards)
+    monkeypatch.setenv(forked.SHARED_ENV, str(tmp_path / "none.sock"))
+    kids = Children()
+    try:
+        bad = kids.spawn("server 5", [*PY, "server", "--workers", "0"], {}, tmp_path / "bad.log")
+        assert isinstance(bad.proc, ForkedProc) and isinstance(forked._zygote.proc, subprocess.Popen)
+        assert _ppid(bad.proc.pid) == forked._zygote.proc.pid and _ppid(forked._zygote.proc.pid) == os.getpid()
+        assert bad.proc.wait(60) == 2
+    finally:
+        kids.stop_all()
+        if forked._zygote:
+            forked._zygote.close()
 
 
 def test_the_zygote_imports_what_a_request_asks_before_its_fork(tmp_path, monkeypatch):

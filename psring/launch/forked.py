@@ -4,8 +4,11 @@ would have for it (``ForkedProc``: ``pid``, ``returncode``, ``poll``, ``wait``, 
 ``kill``).
 
 One zygote per launching process, started at the first such child and kept for the next runs (a sweep, a test
-session); it ends with the process. ``PSRING_FORK=0`` in the environment starts every child afresh instead; so does
-anything the zygote cannot do (its start failed, a command line of another shape).
+session); it ends with the process. ``PSRING_ZYGOTE=PATH`` makes it a fork of the shared zygote listening there
+(``python -m psring.launch.zygote --listen PATH``: one import for many launching processes, e.g. a test suite's
+``psring`` commands) instead; where none listens, the process starts its own. ``PSRING_FORK=0`` in the environment
+starts every child afresh instead; so does anything the zygote cannot do (its start failed, a command line of
+another shape).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from .zygote import PRELOAD_DATA_ENV, PRELOAD_ENV
 READY_TIMEOUT_S = 120.0  # the zygote's imports, on a loaded machine
 REPLY_TIMEOUT_S = 30.0  # a fork's pid
 FORKED = ("worker", "server", "bench-worker")  # the sub-commands the zygote forks (it imported torch for them)
+SHARED_ENV = "PSRING_ZYGOTE"  # the Unix socket of a shared zygote (``zygote.serve_shared``) to fork from
+CONNECT_TIMEOUT_S = 5.0
 
 
 def forkable(argv: list[str]) -> tuple[str | None, list[str]] | None:
@@ -74,18 +79,50 @@ class ForkedProc:
         self.send_signal(signal.SIGKILL)
 
 
-class Zygote:
-    """A zygote process and the launcher's end of its socket (one request or reply per packet)."""
+class _Shared:
+    """The ``proc`` of a zygote forked by the shared one: not this process's child (its end shows as the socket's)."""
 
-    def __init__(self):
-        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> None:
+        return None
+
+    def kill(self) -> None:
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "psring.launch.zygote", str(theirs.fileno())],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
-                                         start_new_session=True)
-        finally:
-            theirs.close()
+            os.kill(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+
+class Zygote:
+    """A zygote process and the launcher's end of its socket (one request or reply per packet): one of its own, or
+    the fork the shared zygote at ``shared`` (a Unix socket's path) makes for it."""
+
+    def __init__(self, shared: str | None = None):
+        self.gone = False  # the zygote's end closed
+        if shared:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.sock.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                self.sock.connect(shared)
+            except OSError:
+                self.sock.close()
+                raise
+            self.sock.settimeout(None)
+            self.proc = _Shared(0)
+        else:
+            self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                self.proc = subprocess.Popen([sys.executable, "-m", "psring.launch.zygote", str(theirs.fileno())],
+                                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+                                             start_new_session=True)
+            finally:
+                theirs.close()
         self.lock = threading.Lock()
         self.pids: list[int] = []  # forks not yet handed out
         self.procs: dict[int, ForkedProc] = {}
@@ -94,11 +131,13 @@ class Zygote:
         with self.lock:
             ready = self._wait_for(lambda m: "ready" in m or "error" in m, READY_TIMEOUT_S)
         self.ready = bool(ready) and "ready" in ready
+        if self.ready and shared:
+            self.proc.pid = ready["ready"]
         if not self.ready:  # (slow or failed: the launcher starts its children afresh)
             self.proc.kill()
 
     def alive(self) -> bool:
-        return self.ready and self.proc.poll() is None
+        return self.ready and not self.gone and self.proc.poll() is None
 
     def spawn(self, args: list[str], env: dict, log: Path, terminal: bool, netns: str | None) -> ForkedProc:
         req = json.dumps({"args": args, "env": env, "cwd": os.getcwd(), "netns": netns}).encode()
@@ -132,7 +171,7 @@ class Zygote:
             for msg in self._read(min(0.1, max(0.0, deadline - time.monotonic()))):
                 if done(msg):
                     return msg
-            if time.monotonic() >= deadline or self.proc.poll() is not None:
+            if time.monotonic() >= deadline or self.gone or self.proc.poll() is not None:
                 return None
         return {}
 
@@ -143,6 +182,7 @@ class Zygote:
             timeout = 0.0
             packet = self.sock.recv(1 << 16)
             if not packet:  # the zygote is gone: its children went with it (PR_SET_PDEATHSIG)
+                self.gone = True
                 for p in self.procs.values():
                     p.returncode = -signal.SIGKILL if p.returncode is None else p.returncode
                 break
@@ -169,6 +209,17 @@ _zygote: Zygote | bool | None = None  # False: it could not start
 _start_lock = threading.Lock()
 
 
+def _connect(shared: str | None) -> Zygote | None:
+    """The zygote the shared one at ``shared`` forks for this process; None where there is none or it cannot serve."""
+    if not shared:
+        return None
+    try:
+        z = Zygote(shared)
+    except OSError:
+        return None
+    return z if z.ready else None
+
+
 def fork_child(argv: list[str], env: dict, log: Path, terminal: bool) -> ForkedProc | None:
     """``argv`` forked from the zygote, or None where it cannot be (the caller starts it afresh)."""
     global _zygote
@@ -178,7 +229,7 @@ def fork_child(argv: list[str], env: dict, log: Path, terminal: bool) -> ForkedP
     with _start_lock:
         if _zygote is None:
             try:
-                _zygote = Zygote()
+                _zygote = _connect(os.environ.get(SHARED_ENV)) or Zygote()
             except OSError:  # no socket pair, no process: start afresh, now and later
                 _zygote = False
                 return None

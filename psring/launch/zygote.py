@@ -12,7 +12,7 @@ argument names): a request is one JSON packet ``{"args", "env", "cwd", "netns"}`
 where its stdout is the launcher's, the launcher's stdout (``SCM_RIGHTS``); the zygote answers ``{"pid"}`` for each
 fork and ``{"exit": pid, "rc"}`` when a child ends (``rc`` as ``Popen.returncode``: the exit code, or minus the
 signal). The zygote ends when the launcher's end closes (the launcher gone); its children, each with
-``PR_SET_PDEATHSIG``, go with it.
+``PR_SET_PDEATHSIG``, go with it. ``--listen PATH`` (``serve_shared``) starts one that many launchers share.
 """
 from __future__ import annotations
 
@@ -140,7 +140,7 @@ def _title(req: dict) -> None:
     setproctitle(" ".join([sys.executable, "-m", "psring", *req["args"]]) + rank)
 
 
-def _reap(children: set[int], sock: socket.socket) -> None:
+def _reap(children: set[int], sock: socket.socket | None) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -149,7 +149,8 @@ def _reap(children: set[int], sock: socket.socket) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _reply(sock, {"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
+        if sock is not None:
+            _reply(sock, {"exit": pid, "rc": os.waitstatus_to_exitcode(status)})
 
 
 def _reply(sock: socket.socket, msg: dict) -> None:
@@ -193,25 +194,36 @@ def _prebuild(req: dict) -> None:
     gc.freeze()
 
 
-def serve(fd: int) -> int:
-    """Import, say so, then fork a child per request until the launcher's end of the socket closes."""
+def _import_all() -> str | None:
+    """Import ``PRELOAD`` and freeze it; the error, in one line, if the zygote cannot serve."""
     import importlib
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the zygote ends at EOF
-    sock = socket.socket(fileno=fd)
     try:
         for name in PRELOAD:
             importlib.import_module(name)
     except Exception as e:  # noqa: BLE001 - the launcher starts its children afresh instead
-        _reply(sock, {"error": f"{type(e).__name__}: {e}"})
-        return 1
+        return f"{type(e).__name__}: {e}"
     import torch
 
     if torch.cuda.is_initialized():  # a fork of a process with a CUDA context cannot use CUDA: start afresh
-        _reply(sock, {"error": "CUDA was initialised while importing; workers start afresh"})
-        return 1
+        return "CUDA was initialised while importing; workers start afresh"
     gc.freeze()  # the imports' objects: no child's collection traverses them, so none copies their pages
+    return None
+
+
+def serve(fd: int) -> int:
+    """Import, say so, then fork a child per request until the launcher's end of the socket closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher stops the children; the zygote ends at EOF
+    sock = socket.socket(fileno=fd)
+    error = _import_all()
+    if error:
+        _reply(sock, {"error": error})
+        return 1
     _reply(sock, {"ready": os.getpid()})
+    return _serve_requests(sock)
+
+
+def _serve_requests(sock: socket.socket) -> int:
     children: set[int] = set()
     while True:
         if select.select([sock], [], [], REAP_EVERY_S)[0]:
@@ -231,5 +243,58 @@ def serve(fd: int) -> int:
         _reap(children, sock)
 
 
+def serve_shared(path: str) -> int:
+    """The zygote many launchers share (``forked.SHARED_ENV``): bind the Unix socket ``path`` (first, so that a
+    launcher can connect while it imports), import once (torch._dynamo too, in a build without a GPU), then fork, for
+    each launcher that connects, a zygote of its own that serves it as ``serve`` does and ends with its connection.
+    Ends on SIGTERM, or when the process that started it ends, removing ``path``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    _libc().prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(path)
+    except OSError as e:
+        print(f"psring zygote: cannot listen on {path}: {e.strerror}", file=sys.stderr)
+        return 2
+    zygotes: set[int] = set()
+    try:
+        listener.listen(64)
+        error = _import_all()
+        if error:
+            print(f"psring zygote: {error}", file=sys.stderr)
+            return 1
+        _preload("torch._dynamo")
+        while os.getppid() != 1:  # (its starter gone before the death signal was set)
+            if select.select([listener], [], [], 1.0)[0]:
+                conn, _ = listener.accept()
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # (until the fork has its own handler)
+                pid = os.fork()
+                if pid == 0:
+                    _zygote_of_one(conn, listener)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+                conn.close()
+                zygotes.add(pid)
+            _reap(zygotes, None)
+        return 0
+    finally:
+        listener.close()
+        os.unlink(path)
+
+
+def _zygote_of_one(conn: socket.socket, listener: socket.socket) -> None:
+    """In a fork of the shared zygote: the zygote of the one launcher at ``conn``; never returns."""
+    rc = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+        _libc().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the shared zygote gone: this one and its children too
+        listener.close()
+        _reply(conn, {"ready": os.getpid()})
+        rc = _serve_requests(conn)
+    finally:
+        os._exit(rc)
+
+
 if __name__ == "__main__":
-    raise SystemExit(serve(int(sys.argv[1])))
+    raise SystemExit(serve_shared(sys.argv[2]) if sys.argv[1] == "--listen" else serve(int(sys.argv[1])))
