@@ -41,9 +41,10 @@ def role_of(pid: int) -> str | None:
         (e[5:].decode() for e in env if e.startswith(b"RANK=")), "?"))
 
 
-def children_of(pid: int) -> dict[int, str]:
-    """The launcher's psring processes: ``{pid: "worker R" | "server I"}``: its children, and the children of its
-    zygote (``zygote.py``)."""
+def children_of(pid: int, out: Path | None = None) -> dict[int, str]:
+    """The launcher's psring processes: ``{pid: "worker R" | "server I"}``: its children, the children of its zygote
+    (``zygote.py``) and, with ``out``, the run's workers and servers whose command line names that folder (forked
+    by a zygote the shared one made for it: not the launcher's descendants, ``PSRING_ZYGOTE``)."""
     parent = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -54,7 +55,17 @@ def children_of(pid: int) -> dict[int, str]:
             continue
     mine = {p for p, pp in parent.items() if pp == pid}
     mine |= {p for p, pp in parent.items() if pp in mine}
+    if out is not None:
+        named = {f"{out}/", f"{Path(out).resolve()}/"}
+        mine |= {p for p in parent if any(_names(p, text) for text in named)}
     return {p: role for p in sorted(mine) if (role := role_of(p)) is not None}
+
+
+def _names(pid: int, text: str) -> bool:
+    try:
+        return text.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -87,7 +98,7 @@ class Chaos(threading.Thread):
 
     def _progressed(self, before: set[int]) -> dict[int, str] | None:
         """The current attempt's processes once it is ready for a kill; None while not (yet)."""
-        kids = children_of(self.launcher)
+        kids = children_of(self.launcher, self.out)
         workers = sum(name.startswith("worker") for name in kids.values())
         ranks = [self.out / "ranks" / f"rank{r}.jsonl" for r in range(self.workers)]
         if (workers < self.workers or set(kids) & before or not (self.out / "checkpoint").is_dir()
@@ -103,7 +114,7 @@ class Chaos(threading.Thread):
                 time.sleep(0.05)
                 continue
             time.sleep(self.rng.uniform(0, self.max_delay_s))
-            kids = {p: n for p, n in children_of(self.launcher).items() if p in kids}
+            kids = {p: n for p, n in children_of(self.launcher, self.out).items() if p in kids}
             if not kids:
                 continue  # the run ended (or failed) meanwhile
             pid = self.rng.choice(sorted(kids))
