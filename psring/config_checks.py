@@ -145,15 +145,10 @@ def check_buffers(cfg, s) -> None:
 def check_ps(cfg) -> None:
     """The servers' own rules, here before anything starts: the design/consistency/staleness combination
     (``consistency.check_semantics``, which every server applies to its init) and the shard plan
-    (``sharding.plan_chunks``: every server owns at least one parameter element). The model is built on
-    the meta device: shapes only, no memory."""
-    import torch
-
-    from .sync.buckets import flat_layout, space_sizes
+    (``sharding.plan_chunks``: every server owns at least one parameter element), of ``param_spaces``."""
     from .sync.ps.consistency import check_semantics
     from .sync.ps.sharding import plan_chunks, waits_for_round
     from .topology import server_shares
-    from .train.models import model_of
 
     check_placement(cfg)
     if cfg.ps_window and waits_for_round(cfg.consistency, cfg.staleness):
@@ -161,13 +156,29 @@ def check_ps(cfg) -> None:
                           f"reply waits for every worker's whole round); leave --ps-window unset or use 0")
     try:
         check_semantics(cfg.ps_design, cfg.consistency, cfg.staleness)
-        with torch.device("meta"):
-            model = model_of(cfg, seed=0)
-        sizes, itemsizes = space_sizes(flat_layout(model.named_parameters()))
-        plan_chunks(sizes, itemsizes, cfg.servers, int(cfg.bucket_mb * 2**20),
+        plan_chunks(*param_spaces(cfg), cfg.servers, int(cfg.bucket_mb * 2**20),
                     shares=server_shares(cfg.ps_placement, cfg.hosts, cfg.servers))
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def param_spaces(cfg) -> tuple[list[list[int]], list[int]]:
+    """The model's parameters as the shard plan reads them (``buckets.space_sizes``). A built-in model at the
+    settings of ``resources.MODEL_BYTES`` (float32, 10 classes, its default size) is one space of that many
+    elements: the plan's checks read only each space's total, and a PS launch then does not import torch (3-4 s
+    of CPU); any other is built on the meta device: shapes only, no memory."""
+    from .launch.resources import MODEL_BYTES
+
+    if cfg.model in MODEL_BYTES and cfg.classes == 10 and not cfg.image_size:
+        return [[MODEL_BYTES[cfg.model] // 4]], [4]
+    import torch
+
+    from .sync.buckets import flat_layout, space_sizes
+    from .train.models import model_of
+
+    with torch.device("meta"):
+        model = model_of(cfg, seed=0)
+    return space_sizes(flat_layout(model.named_parameters()))
 
 
 def train_size(cfg) -> int:

@@ -175,8 +175,9 @@ def test_the_default_bucket_is_the_strategys(sync):
 
 
 def test_validating_a_config_allocates_no_model(monkeypatch):
-    """The PS's shard plan builds the model, shapes only; a built-in model is otherwise not built to check it
-    (``config_choices.side_problem``: tests/test_models.py), a factory is, shapes only too."""
+    """The PS's shard plan builds the model, shapes only, where ``resources.MODEL_BYTES`` does not count it (another
+    number of classes); a built-in model is otherwise not built to check it (``config_choices.side_problem``:
+    tests/test_models.py), a factory is, shapes only too."""
     import torch
 
     from psring.train import models
@@ -191,9 +192,40 @@ def test_validating_a_config_allocates_no_model(monkeypatch):
 
     monkeypatch.setattr(models, "build_model", build)
     TrainConfig(sync="ps", workers=8, servers=8, model="resnet18").validate()
+    assert built == []
+    TrainConfig(sync="ps", workers=8, servers=8, model="resnet18", num_classes=100).validate()
     assert built == [{"meta"}]
     built.clear()
     TrainConfig(sync=strategies.where(servers=False)[0]).validate()
     assert built == []
     TrainConfig(sync=strategies.where(servers=False)[0], model="tests.real_code_models:tied_frozen").validate()
     assert built == [{"meta"}]
+
+
+def test_a_ps_launch_checks_its_shard_plan_without_importing_torch_for_a_built_in_model():
+    """``config_checks.param_spaces``: a built-in model at ``resources.MODEL_BYTES``'s settings is one float32 space
+    of the elements its meta-built layout holds, so checking a PS config imports no torch (3-4 s of CPU a launch);
+    other classes build it; too many servers for its elements is refused either way."""
+    import sys
+
+    import torch
+
+    from psring.config_checks import param_spaces
+    from psring.launch.resources import MODEL_BYTES
+    from psring.sync.buckets import flat_layout, space_sizes
+    from psring.train.models import model_of
+
+    code = ("import sys; from psring.config import TrainConfig; "
+            "TrainConfig(sync='ps', workers=2, servers=2).validate(); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip() == "False"
+    for model in MODEL_BYTES:
+        for classes in (None, 11):
+            cfg = TrainConfig(sync="ps", model=model, num_classes=classes)
+            with torch.device("meta"):
+                spaces, itemsizes = space_sizes(flat_layout(model_of(cfg, seed=0).named_parameters()))
+            assert param_spaces(cfg) == ([[sum(spaces[0])]] if classes is None else spaces, itemsizes), model
+    for classes in (None, 11):
+        total = sum(sum(s) for s in param_spaces(TrainConfig(sync="ps", model="cnn", num_classes=classes))[0])
+        with pytest.raises(ConfigError, match=f"{total + 1} servers for {total} parameter elements"):
+            TrainConfig(sync="ps", model="cnn", num_classes=classes, workers=1, servers=total + 1).validate()

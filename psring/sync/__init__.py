@@ -2,10 +2,25 @@
 registry (``psring.strategies``)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..config import TrainConfig
-from .base import Synchronizer, SyncStats, make_local_optimizer
+
+if TYPE_CHECKING:
+    from .base import Synchronizer, SyncStats, make_local_optimizer
 
 __all__ = ["SyncStats", "Synchronizer", "make_local_optimizer", "make_synchronizer"]
+_FROM_BASE = ("SyncStats", "Synchronizer", "make_local_optimizer")
+
+
+def __getattr__(name: str):
+    """``base``'s names, imported on first use: the package's torch-free modules (``ranges``, ``ps.sharding``,
+    ``ps.consistency``) serve the launcher's config checks without importing torch (3-4 s of CPU)."""
+    if name in _FROM_BASE:
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def make_synchronizer(cfg: TrainConfig) -> Synchronizer:

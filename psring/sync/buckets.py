@@ -32,10 +32,11 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import nn
+
+from .ranges import BucketRange, whole_param_ranges
 
 
 @dataclass
@@ -70,15 +71,6 @@ class Member:
         return t.view(-1)[self.lo:self.hi]
 
 
-class BucketRange(NamedTuple):
-    """Elements ``[start, end)`` of space ``space``'s flat buffer, launched in order with the other
-    buckets of ``group`` (all-reduce: one group; PS: the server that owns it)."""
-    space: int
-    start: int
-    end: int
-    group: int = 0
-
-
 @dataclass
 class Bucket:
     index: int
@@ -104,25 +96,6 @@ def flat_layout(named_params) -> list[Space]:
         sp.members.append((name, p, sp.numel))
         sp.numel += p.numel()
     return list(spaces.values())
-
-
-def whole_param_ranges(spaces: list[list[int]], itemsizes: list[int], cap_bytes: int,
-                       first_cap_bytes: int) -> list[BucketRange]:
-    """A ``BucketRange`` (group 0) per bucket: consecutive whole parameters, capped by bytes (a parameter
-    larger than the cap is a bucket of its own), the first bucket capped by ``first_cap_bytes``.
-    ``spaces``: per dtype, the element counts of its parameters in layout order."""
-    out = []
-    for s, (sizes, itemsize) in enumerate(zip(spaces, itemsizes)):
-        start = end = 0
-        for numel in sizes:
-            cap = first_cap_bytes if not out else cap_bytes
-            if end > start and (end - start + numel) * itemsize > cap:
-                out.append(BucketRange(s, start, end))
-                start = end
-            end += numel
-        if end > start:
-            out.append(BucketRange(s, start, end))
-    return out
 
 
 DOMINANT = 0.9  # a partition whose largest parameter holds this share of it is cut as that parameter alone

@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ...config import CONSISTENCY, PS_DESIGNS
-from .protocol import ProtocolError
+from .errors import ProtocolError
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ import warnings
 import msgpack
 import torch
 
+from .errors import ProtocolError
 from .received import Received
 
 PROTOCOL = 1
@@ -80,10 +81,6 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
 }
 DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-
-
-class ProtocolError(ValueError):
-    """A message that does not follow this module's format; the server answers it with an error reply."""
 
 
 def pack_header(header: dict) -> bytes:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from ...strategies import OVERLAPS, during_backward
-from ..buckets import BucketRange, whole_param_ranges
+from ..ranges import BucketRange, whole_param_ranges
 
 
 def plan_chunks(spaces: list[list[int]], itemsizes: list[int], servers: int,
