@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -182,6 +183,28 @@ def test_launchers_share_a_listening_zygote_each_through_a_fork_of_its_own(tmp_p
             z.close()
         hub.kill()
         hub.wait()
+
+
+def test_a_shared_zygote_that_never_says_ready_is_left_unharmed_and_unused(tmp_path, monkeypatch):
+    """A socket that takes the connection but never answers (or closes it): the launcher gives up on it after
+    ``READY_TIMEOUT_S`` and starts its own zygote, signalling nothing (its pid is unknown: not ``kill(0)``, which
+    would be this process's own group)."""
+    import socket
+
+    from psring.launch import forked
+
+    monkeypatch.setattr(forked, "READY_TIMEOUT_S", 0.5)
+    mute = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        mute.bind(str(tmp_path / "mute.sock"))
+        mute.listen(4)
+        assert forked._connect(str(tmp_path / "mute.sock")) is None  # (queued, never accepted)
+        t = threading.Thread(target=lambda: mute.accept()[0].close(), daemon=True)
+        t.start()
+        assert forked._connect(str(tmp_path / "mute.sock")) is None  # accepted and closed: gone at once
+        t.join(5)
+    finally:
+        mute.close()
 
 
 def test_a_launcher_where_no_shared_zygote_listens_starts_its_own(tmp_path, monkeypatch):

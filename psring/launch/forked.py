@@ -89,6 +89,8 @@ class _Shared:
         return None
 
     def kill(self) -> None:
+        if self.pid <= 0:  # (not yet known: os.kill(0) would signal this process's own group)
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -217,7 +219,10 @@ def _connect(shared: str | None) -> Zygote | None:
         z = Zygote(shared)
     except OSError:
         return None
-    return z if z.ready else None
+    if not z.ready:
+        z.sock.close()
+        return None
+    return z
 
 
 def fork_child(argv: list[str], env: dict, log: Path, terminal: bool) -> ForkedProc | None:
