@@ -223,8 +223,8 @@ def test_synthetic_in_chunks_is_the_one_pass_set_bit_for_bit(n, seed, split):
 
 def test_prebuilt_sets_are_what_build_dataset_returns_for_the_same_arguments_only(tmp_path):
     """``datasets.prebuild`` (the zygote's, before it forks a run's workers): the same arguments get the set it
-    made, other ones a new set; one it cannot build, or one found by the caller's directory or environment (CIFAR-10,
-    a folder, a file), is left to the caller, who gets the error; each call keeps only the sets it names."""
+    made, other ones a new set; one it cannot build is left to the caller, who gets the error; each call keeps only
+    the sets it names."""
     from psring.train import datasets
 
     try:

@@ -232,19 +232,16 @@ def _key(name: str, num_samples: int | None, seed: int, data_dir, split: str, im
 
 def prebuild(specs: list[dict], run: str = "") -> None:
     """Build each set ``specs`` names (``build_dataset``'s keyword arguments; each at most once) and keep them,
-    and only them, for ``build_dataset``'s calls with the same arguments in this process and its forks. Only the
-    sets made from their arguments alone (``GENERATED``) are built: a folder, a file or CIFAR-10 is found by the
-    caller's own directory and environment, so it builds those itself. A set that cannot be built is left out: the
-    process that needs it builds it and says what is wrong. Sets kept from an earlier call are used again only for
-    the same ``run`` (the launch that asks)."""
+    and only them, for ``build_dataset``'s calls with the same arguments in this process and its forks (the
+    launcher asks only for ``GENERATED`` sets: ``launcher.worker_datasets``). A set that cannot be built is left out:
+    the process that needs it builds it and says what is wrong. Sets kept from an earlier call are used again only
+    for the same ``run`` (the launch that asks)."""
     if _prebuilt_for[0] != run:
         _prebuilt.clear()
         _prebuilt_for[0] = run
     keep: dict[str, ImageSet] = {}
     for spec in specs:
         try:
-            if spec["name"] not in GENERATED:
-                continue
             args = {"num_samples": None, "seed": 0, "data_dir": None, "split": "train", "image_size": None, **spec}
             key = _key(**args)
             made = keep.get(key, _prebuilt.get(key))
