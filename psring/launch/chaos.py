@@ -41,10 +41,10 @@ def role_of(pid: int) -> str | None:
         (e[5:].decode() for e in env if e.startswith(b"RANK=")), "?"))
 
 
-def children_of(pid: int, out: Path | None = None) -> dict[int, str]:
+def children_of(pid: int, out: Path) -> dict[int, str]:
     """The launcher's psring processes: ``{pid: "worker R" | "server I"}``: its children, the children of its zygote
-    (``zygote.py``) and, with ``out``, the run's workers and servers whose command line names that folder (forked
-    by a zygote the shared one made for it: not the launcher's descendants, ``PSRING_ZYGOTE``)."""
+    (``zygote.py``) and the run's workers and servers whose command line names its folder ``out`` (forked by a zygote
+    the shared one made for it: not the launcher's descendants, ``PSRING_ZYGOTE``)."""
     parent = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -55,9 +55,8 @@ def children_of(pid: int, out: Path | None = None) -> dict[int, str]:
             continue
     mine = {p for p, pp in parent.items() if pp == pid}
     mine |= {p for p, pp in parent.items() if pp in mine}
-    if out is not None:
-        named = {f"{out}/", f"{Path(out).resolve()}/"}
-        mine |= {p for p in parent if any(_names(p, text) for text in named)}
+    named = {f"{out}/", f"{Path(out).resolve()}/"}
+    mine |= {p for p in parent if any(_names(p, text) for text in named)}
     return {p: role for p in sorted(mine) if (role := role_of(p)) is not None}
 
 
