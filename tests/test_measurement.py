@@ -98,19 +98,33 @@ def close(part: float, whole: float) -> bool:
     return abs(part - whole) <= max(0.05 * abs(whole), 3e-3)
 
 
-PREEMPTED_S = 0.010  # one preemption between two clock readings: a time slice (3-4 ms), a GIL switch (5 ms)
+def adds_up(pairs: list[tuple[float, float, int, int, str]]) -> None:
+    """Every ``(part, whole, rank, step, what)`` of a run is ``close``, but for preemptions: a worker
+    preempted in the microseconds between two clock readings misses in one record, by a time slice or
+    more (seen in CI with the other xdist worker busy: a PS sync 3.7 and 8.2 ms longer than its parts, a
+    DDP step 0 4.2 ms longer than its phases; with a CPU hog, 4 and 17 ms in 2 of 80 PS records, 0.1 ms
+    in the rest). An accounting error shows in every record, or in one step on every rank (step 0's
+    first-use costs): so at most a quarter of the records of each sum may miss, and no step on every rank."""
+    for what in {w for *_, w in pairs}:
+        these = [(part, whole, rank, step) for part, whole, rank, step, w in pairs if w == what]
+        misses = [(part, whole, rank, step) for part, whole, rank, step in these if not close(part, whole)]
+        assert 4 * len(misses) <= len(these), f"{what}: {len(misses)} of {len(these)} records miss: {misses}"
+        ranks = {rank for _, _, rank, _ in these}
+        for step in {step for *_, step in misses}:
+            missed = {rank for _, _, rank, s in misses if s == step}
+            assert len(ranks) == 1 or missed != ranks, f"{what}: step {step} misses on every rank: {misses}"
 
 
-def adds_up(pairs: list[tuple[float, float, str]]) -> None:
-    """Every ``(part, whole, where)`` of a run ``close``, but one: an accounting error shows in every record
-    (one in step 0 on every rank: N misses), a worker preempted in the few microseconds between two clock
-    readings in one. That one may miss by at most one preemption (seen in CI with the other xdist worker busy: a PS sync 3.7 ms longer than its
-    parts, a DDP step 0 4.2 ms longer than its phases; with a CPU hog, 3.2 ms between backward's end and
-    the PS's first reading, in 1 record of 100)."""
-    misses = [(part, whole, where) for part, whole, where in pairs if not close(part, whole)]
-    assert len(misses) <= 1, f"{len(misses)} of {len(pairs)} records do not add up: {misses}"
-    for part, whole, where in misses:
-        assert abs(part - whole) <= PREEMPTED_S, f"{where}: {part} vs {whole}"
+def test_adds_up_passes_preemptions_and_fails_an_accounting_error():
+    ok = [(0.0200, 0.0201, k, t, "sync") for k in range(2) for t in range(5)]
+    preempted = [(0.02, 0.037 if (k, t) in {(0, 0), (1, 1)} else 0.0201, k, t, "sync")
+                 for k in range(2) for t in range(5)]
+    adds_up(ok)
+    adds_up(preempted)  # the CI record: two ranks, each preempted in a different step
+    with pytest.raises(AssertionError, match="records miss"):  # 5 ms lost in every step
+        adds_up([(0.02, 0.025, k, t, "sync") for k in range(2) for t in range(5)])
+    with pytest.raises(AssertionError, match="step 0 misses on every rank"):  # a first-use cost left out
+        adds_up([(0.02, 0.03 if t == 0 else 0.0201, k, t, "sync") for k in range(2) for t in range(5)])
 
 
 # --- 1. phase times add up --------------------------------------------------------------------------
@@ -125,16 +139,16 @@ def test_phases_add_up_to_the_step(run_dir, name):
     for r in recs:
         for ph in PHASES + ["step_s"]:
             assert isinstance(r[ph], numbers.Real) and r[ph] >= 0, (ph, r)
-        where = f"{name} rank {r['rank']} step {r['step']}"
-        steps.append((sum(r[ph] for ph in PHASES), r["step_s"], f"{where}: phases vs step_s"))
+        where = (r["rank"], r["step"])
+        steps.append((sum(r[ph] for ph in PHASES), r["step_s"], *where, f"{name}: phases vs step_s"))
         if sync in SYNC_PARTS:
             parts = SYNC_PARTS[sync]
             assert all(isinstance(r[p], numbers.Real) and r[p] >= 0 for p in parts), r
             sub = sum(r[p] for p in parts)
             # the parts are timed inside the interval sync_s is timed over, so they can never exceed it
             assert sub <= r["sync_s"] + 1e-9, r
-            syncs.append((sub, r["sync_s"], f"{where}: {'+'.join(parts)} vs sync_s"))
-    adds_up(steps + syncs)  # one preempted record at most, whichever sum it shows in
+            syncs.append((sub, r["sync_s"], *where, f"{name}: {'+'.join(parts)} vs sync_s"))
+    adds_up(steps + syncs)
     if sync == "ps":
         assert all(r["update_s"] == 0 for r in recs)  # the servers update, not the workers
     else:
@@ -149,7 +163,7 @@ def test_ddp_has_no_sync_time_and_the_rest_adds_up(run_dir):
         assert r["sync_s"] is None, r  # overlapped with backward: not separable
         total = r["data_s"] + r["forward_s"] + r["backward_s"] + r["update_s"]
         assert total <= r["step_s"] + 1e-9
-        pairs.append((total, r["step_s"], f"rank {r['rank']} step {r['step']}"))
+        pairs.append((total, r["step_s"], r["rank"], r["step"], "ddp2: phases vs step_s"))
     adds_up(pairs)
 
 
