@@ -117,14 +117,32 @@ def cmd_compare(a) -> int:
 def cmd_sweep(a) -> int:
     from .sweep import run_sweep
 
-    df = run_sweep(a.file, a.out, echo=a.verbose)
-    failed = df[df["status"] != "ok"]
+    df = run_sweep(a.file, a.out, echo=a.verbose, only=a.only, rerun=a.rerun, listing=a.list)
+    if df is None:  # --list
+        return 0
+    failed = df[df["status"] == "failed"]
     for r in failed.to_dict("records"):
         print(f"psring: run {r['run_id']} failed: {r['error']}", file=sys.stderr)
     return 1 if len(failed) else 0
 
 
 INTERNAL = ("bench-worker",)  # commands psring starts itself (``psring bench``'s workers); not in --help
+
+
+def add_sweep_parser(sub) -> None:
+    sw = sub.add_parser("sweep", help="run every configuration of a sweep file; writes OUT/runs.csv")
+    sw.add_argument("file", help="a sweep file, e.g. experiments/scaling.toml")
+    sw.add_argument("--out", help="output directory (default results/NAME)")
+    sw.add_argument("--verbose", "-v", action="store_true", help="show each run's progress lines")
+    sw.add_argument("--only", action="append", metavar="KEY=VALUE",
+                    help="run only the runs whose setting KEY is VALUE (repeatable: values of one key are "
+                         "alternatives, keys must all match); runs.csv still lists the others")
+    sw.add_argument("--rerun", action="store_true",
+                    help="run the selected runs again even where they finished (each finished run is moved "
+                         "to OUT/replaced/ first, never deleted)")
+    sw.add_argument("--list", action="store_true",
+                    help="print the selected runs and what would be done with each; run nothing")
+    sw.set_defaults(func=cmd_sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,11 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: emulated when this process can build network namespaces (root), else loopback")
     c.set_defaults(func=cmd_compare)
 
-    sw = sub.add_parser("sweep", help="run every configuration of a sweep file; writes OUT/runs.csv")
-    sw.add_argument("file", help="a sweep file, e.g. experiments/scaling.toml")
-    sw.add_argument("--out", help="output directory (default results/NAME)")
-    sw.add_argument("--verbose", "-v", action="store_true", help="show each run's progress lines")
-    sw.set_defaults(func=cmd_sweep)
+    add_sweep_parser(sub)
 
     add_bench_parser(sub)
     from .simulate.cli import add_simulate_parser

@@ -15,7 +15,8 @@ strategies get one run). ``[sweep] simulate = true``: every run is replayed by `
 ``epochs = E`` instead of ``steps``: each run trains E epochs of its own global batch (so its baseline, one
 worker, runs N times its steps); runs.csv has both ``epochs`` and the ``steps`` they became.
 Finished runs (``runs/ID/summary.json`` with the same config) are skipped when the sweep is run again;
-a failed run is recorded with its reason and the sweep goes on.
+a failed run is recorded with its reason and the sweep goes on. ``--only``, ``--rerun`` and ``--list``
+choose which runs run (``sweep_select``), and a finished run run again is moved aside, never deleted.
 
 Every run's ``speedup`` is its samples/s over the one of a single worker that trains alone without
 communication (``sync = "none"``, ``workers = 1``) with the same settings except those of
@@ -39,8 +40,9 @@ from pathlib import Path
 import pandas as pd
 
 from . import strategies
-from .config import DEFAULT_STEPS, RAN_BEFORE, ConfigError, OptimConfig, TrainConfig
-from .results import load_config, load_summary
+from .config import DEFAULT_STEPS, ConfigError, OptimConfig, TrainConfig
+from .results import load_summary
+from .sweep_select import comparable_config, is_finished, list_runs, move_aside, parse_only, select
 
 OPTIM_KEYS = {f.name for f in dataclasses.fields(OptimConfig)}
 CONFIG_KEYS = ({f.name for f in dataclasses.fields(TrainConfig)} - {"optim", "out", "ps_addrs"}) | OPTIM_KEYS
@@ -166,37 +168,8 @@ def make_config(run: dict, out: Path) -> TrainConfig:
     return cfg.validate()
 
 
-def _comparable(cfg: dict) -> dict:
-    """A config as it reads back from config.json (tuples become lists), without run-specific paths; an
-    ``overlap`` written as a bool before ``--overlap MODE`` as the mode it was."""
-    out = json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("out", "ps_addrs")}))
-    if "overlap" in out:
-        out["overlap"] = strategies.overlap_mode(out["overlap"])
-    return out
-
-
-def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> bool:
-    """Whether ``run_dir`` holds this config's finished run (a simulated one: with the same ``sim_settings``)."""
-    try:
-        done = load_config(run_dir)
-        if sim is not None:
-            summary = load_summary(run_dir)
-            if {k: summary.get(k) for k in sim} != sim:
-                return False
-        now = _comparable(cfg.to_dict())
-        # an option added after the run was made counts as the same when this run leaves it at its default
-        # or at the value the run ran with (``config.RAN_BEFORE``): a moved default replaces no finished run
-        defaults = _comparable(TrainConfig().to_dict())
-        for k in set(now) - set(done):
-            if now[k] in (defaults.get(k), RAN_BEFORE.get(k, defaults.get(k))):
-                del now[k]
-        return (run_dir / "summary.json").exists() and _comparable(done) == now
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
 def flat_config(cfg: TrainConfig) -> dict:
-    d = _comparable(cfg.to_dict())
+    d = comparable_config(cfg.to_dict())
     d.update(d.pop("optim"))
     return d
 
@@ -239,44 +212,54 @@ def _fmt_s(s: float) -> str:
     return f"{m}m{s:02d}s"
 
 
-def run_sweep(path: str, out: str | None = None, echo: bool = False) -> pd.DataFrame:
+def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[str] | None = None,
+              rerun: bool = False, listing: bool = False) -> pd.DataFrame | None:
+    """Run the sweep file's runs into ``out`` (``sweep_select``: ``only``, ``rerun``, ``listing``); returns
+    runs.csv's table (None when ``listing``)."""
     meta, runs = load_sweep(Path(path))  # before the imports below (torch, 2 s): a bad file fails at once
+    simulated = bool(meta.get("simulate"))
+    chosen = select(runs, parse_only(only, CONFIG_KEYS | (SIM_KEYS if simulated else set())), _setting)
     from .launch.launcher import LaunchError, launch
     from .simulate.run import simulate
     from .simulate.sweep_runs import other_kind, sim_settings
 
-    simulated = bool(meta.get("simulate"))
     if simulated:  # the cluster simulated is the emulated one, as psring simulate's
         runs = [{**r, "net": "emulated"} for r in runs]
     out_dir = Path(out or Path("results") / meta.get("name", Path(path).stem))
-    out_dir.mkdir(parents=True, exist_ok=True)
     keys = varying_keys(runs)
     ids = [run_id(r, keys) for r in runs]
     configs = [make_config(r, out_dir / "runs" / i) for r, i in zip(runs, ids)]  # validate all, run none yet
     sims = [sim_settings(r) if simulated else None for r in runs]
+    done = [is_finished(Path(c.out), c, m) for c, m in zip(configs, sims)]
+    todo = [c and (rerun or not d) for c, d in zip(chosen, done)]
+    if listing:
+        return list_runs(ids, chosen, done, todo, [(Path(c.out) / "summary.json").exists() for c in configs])
+    out_dir.mkdir(parents=True, exist_ok=True)
     rows, t0, executed = [], time.monotonic(), 0
     for i, (ident, cfg, sim) in enumerate(zip(ids, configs, sims), 1):
-        run_dir = Path(cfg.out)
+        run_dir, where = Path(cfg.out), f"[{i}/{len(runs)}] {ident}"
         row = {"run_id": ident, **flat_config(cfg)}
         other = other_kind(run_dir, simulated)
         if other:
             row.update(status="failed", error=f"{run_dir} holds {other} run; give this sweep another --out")
-            print(f"[{i}/{len(runs)}] {ident}: FAILED: {row['error']}", flush=True)
-        elif is_finished(run_dir, cfg, sim):
-            print(f"[{i}/{len(runs)}] {ident}: finished earlier, skipped", flush=True)
-            row.update(status="ok", error="", **load_summary(run_dir))
+            print(f"{where}: FAILED: {row['error']}", flush=True)
+        elif not todo[i - 1]:
+            print(f"{where}: {'finished earlier, skipped' if done[i - 1] else 'not selected'}", flush=True)
+            row.update(status="ok", error="", **load_summary(run_dir)) if done[i - 1] else \
+                row.update(status="not run", error="not selected (--only)")
         else:
-            elapsed = time.monotonic() - t0
-            todo = sum(1 for c, m in zip(configs[i - 1:], sims[i - 1:]) if not is_finished(Path(c.out), c, m))
-            eta = f", about {_fmt_s(elapsed / executed * todo)} left" if executed else ""
-            print(f"[{i}/{len(runs)}] {ident}: running (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
+            elapsed, left = time.monotonic() - t0, sum(todo[i - 1:])
+            eta = f", about {_fmt_s(elapsed / executed * left)} left" if executed else ""
+            print(f"{where}: running (elapsed {_fmt_s(elapsed)}{eta})", flush=True)
             try:
-                # overwrite: only a run this sweep itself left unfinished, or ran under another config
+                if (run_dir / "summary.json").exists():  # finished: run again, or under another config
+                    print(f"{where}: its finished run moved to {move_aside(run_dir, out_dir)}", flush=True)
+                # overwrite: only a run this sweep itself left unfinished
                 row.update(status="ok", error="", **(simulate(cfg, run_dir, **sim) if simulated else
                                                       launch(cfg, echo=echo, overwrite=True)))
             except (LaunchError, ConfigError) as e:
                 row.update(status="failed", error=str(e))
-                print(f"[{i}/{len(runs)}] {ident}: FAILED: {e}", flush=True)
+                print(f"{where}: FAILED: {e}", flush=True)
             executed += 1
         rows.append(row)
         write_runs_csv(rows, out_dir)

@@ -1,0 +1,105 @@
+"""``psring sweep --only / --rerun / --list``: a sweep runs the runs it is told to, lists the others in runs.csv,
+runs finished ones again only when asked, and never deletes a finished run (it is moved to OUT/replaced/).
+On a replayed sweep (``[sweep] simulate = true``): the same code path as a measured one, in seconds."""
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+import pytest
+
+from psring.sweep import run_sweep
+
+SWEEP = """
+[sweep]
+name = "picked"
+simulate = true
+[grid]
+sync = ["ring", "ps"]
+workers = [2, 4]
+[fixed]
+servers = "N"
+model = "cnn"
+compute = "emulated:20"
+link_rate = "1gbit"
+overlap = "none"
+steps = {steps}
+warmup = 1
+batch_size = 8
+"""
+
+
+def sweep_file(tmp_path, steps=4):
+    f = tmp_path / "picked.toml"
+    f.write_text(SWEEP.format(steps=steps))
+    return f
+
+
+def statuses(df: pd.DataFrame) -> dict[tuple[str, int], str]:
+    return {(r["sync"], r["workers"]): r["status"] for r in df.to_dict("records")}
+
+
+def test_only_runs_the_selected_runs_and_runs_csv_lists_the_rest(tmp_path, capsys):
+    f, out = sweep_file(tmp_path), tmp_path / "out"
+    assert run_sweep(str(f), str(out), listing=True, only=["sync=ps"]) is None
+    listed = capsys.readouterr().out
+    assert re.findall(r": (run|finished earlier, skip)$", listed, re.M) == ["run", "run"], listed
+    assert "2 of 5 runs selected: 2 to run, 0 finished earlier" in listed  # the none N=1 baseline is added
+    assert not out.exists()  # --list writes nothing
+
+    df = run_sweep(str(f), str(out), only=["sync=ps"])
+    assert statuses(df) == {("none", 1): "not run", ("ring", 2): "not run", ("ring", 4): "not run",
+                            ("ps", 2): "ok", ("ps", 4): "ok"}
+    assert df.loc[df["status"] == "not run", "error"].eq("not selected (--only)").all()
+    assert df["speedup"].isna().all()  # no baseline yet: no speedup, never another run's
+    assert pd.read_csv(out / "runs.csv")["status"].tolist() == df["status"].tolist()
+
+    # values of one key are alternatives, keys must all match; finished runs come back with their figures
+    df2 = run_sweep(str(f), str(out), only=["workers=4", "sync=ring", "sync=none"])
+    assert statuses(df2) == {("none", 1): "not run", ("ring", 2): "not run", ("ring", 4): "ok", ("ps", 2): "ok",
+                             ("ps", 4): "ok"}
+    ps = df.set_index("run_id").loc[df2.loc[df2["sync"] == "ps", "run_id"], "step_s_p50"]
+    assert (df2.loc[df2["sync"] == "ps", "step_s_p50"].to_numpy() == ps.to_numpy()).all()
+
+    run_sweep(str(f), str(out), listing=True)
+    assert "5 of 5 runs selected: 2 to run, 3 finished earlier" in capsys.readouterr().out
+    df3 = run_sweep(str(f), str(out))  # the rest, and now every speedup has its baseline
+    assert set(df3["status"]) == {"ok"} and df3["speedup"].notna().all()
+    assert not (out / "replaced").exists()
+
+
+def test_a_finished_run_is_moved_aside_never_deleted_when_run_again(tmp_path, capsys):
+    f, out = sweep_file(tmp_path), tmp_path / "out"
+    run_sweep(str(f), str(out), only=["sync=ps"])
+    ps2 = next(p for p in (out / "runs").iterdir() if p.name.startswith("sync-ps_workers-2"))
+    first = json.loads((ps2 / "summary.json").read_text())
+
+    run_sweep(str(f), str(out), only=["sync=ps", "workers=2"], listing=True, rerun=True)
+    assert "run again (its finished run moved aside first)" in capsys.readouterr().out
+    run_sweep(str(f), str(out), only=["sync=ps", "workers=2"], rerun=True)
+    assert "its finished run moved to" in capsys.readouterr().out
+    kept = list((out / "replaced").iterdir())
+    assert [p.name.split(".")[0] for p in kept] == [ps2.name]
+    assert json.loads((kept[0] / "summary.json").read_text()) == first  # whole, as it was
+    assert (ps2 / "summary.json").exists()
+
+    # the sweep file's settings changed: its finished runs are run under the new ones, the old ones kept
+    f = sweep_file(tmp_path, steps=5)
+    df = run_sweep(str(f), str(out), only=["sync=ps"])
+    assert set(df.loc[df["sync"] == "ps", "steps"]) == {5}
+    assert len(list((out / "replaced").iterdir())) == 3
+    assert {json.loads((p / "config.json").read_text())["steps"] for p in (out / "replaced").iterdir()} == {4}
+
+
+@pytest.mark.parametrize("only,needle", [
+    ("colour=red", "'colour' is not a setting of a sweep's runs"),
+    ("sync", "give KEY=VALUE"),
+    ("sync=ddp", "--only sync=ddp selects no run of this sweep (sync takes none, ps, ring)"),
+])
+def test_bad_only_is_one_line_exit_2_and_touches_nothing(psring, tmp_path, only, needle):
+    out = tmp_path / "out"
+    r = psring.run("sweep", str(sweep_file(tmp_path)), "--out", str(out), "--only", only, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("psring: error: "), r.stderr
+    assert needle in r.stderr and not out.exists()
