@@ -85,3 +85,21 @@ def remove_temporaries(folders: list[Path], pids: set[int] | None = None) -> lis
                 f.unlink(missing_ok=True)
                 removed.append(f)
     return removed
+
+
+def out_folder(path: str | Path, flag: str = "--out") -> Path:
+    """Make the output folder ``path`` (and its parents); a path that is empty, a file, or cannot be made
+    is one ``ConfigError`` line naming it and the cause, before anything is written."""
+    from .options import ConfigError
+
+    if not str(path).strip():
+        raise ConfigError(f"{flag} is empty: give a folder")
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{flag} {path}: a file is in the way (it, or a folder above it); give a folder") from None
+    except OSError as e:
+        cause = CAUSES.get(e.errno) or (e.strerror or str(e)).lower()
+        raise ConfigError(f"{flag} {path}: cannot make the folder ({cause})") from None
+    return path
