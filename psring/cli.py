@@ -14,7 +14,7 @@ from pathlib import Path
 from .bench.cli import add_bench_parser
 from . import strategies
 from .config import ConfigError, TrainConfig, section_titles
-from .options import add_arguments, from_namespace
+from .options import OneLineParser, add_arguments, from_namespace
 
 
 def add_train_args(p: argparse.ArgumentParser, command: str = "train") -> None:
@@ -146,7 +146,7 @@ def add_sweep_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="psring", description="Parameter server vs ring all-reduce.")
+    p = OneLineParser(prog="psring", description="Parameter server vs ring all-reduce.")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     t = sub.add_parser("train", help="run servers and workers of one training job on this machine")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import math
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -62,6 +63,15 @@ def opt(default, help: str, *, section: str, **kw):
 def nested(cls):
     """A field holding a ``cls`` whose own fields are declared options."""
     return field(default_factory=cls, metadata={_NESTED: True})
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (``psring train: error: argument --steps: invalid int value:
+    'nan' (psring train --help)``) where argparse prints the whole usage first, 34 lines for ``psring train``.
+    Subcommands' parsers are of the same class (``add_subparsers``' default)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help)\n")
 
 
 # --- checks -------------------------------------------------------------------------------------------
@@ -192,9 +202,34 @@ def from_namespace(cls, ns: argparse.Namespace, path: tuple[str, ...] = ()):
     return cls(**kwargs)
 
 
+def _kind(v, tp) -> str | None:
+    """What ``v`` must be to fit the type ``tp`` (``an integer``, ``a finite number``, ...), or None if it
+    does: a value from a sweep file or a config file, which no argparse typed. Not a bool for a number."""
+    args, origin = typing.get_args(tp), typing.get_origin(tp)
+    if type(None) in args:  # X | None
+        return None if v is None else _kind(v, next(a for a in args if a is not type(None)))
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is int:
+        return None if isinstance(v, int) and not isinstance(v, bool) else "an integer"
+    if tp is float:
+        return None if number and math.isfinite(v) else "a finite number"
+    if tp in (str, bool):
+        return None if isinstance(v, tp) else {str: "text", bool: "true or false"}[tp]
+    if origin in (tuple, list):
+        each = args[0] if origin is list else None
+        ok = isinstance(v, (list, tuple)) and (origin is list or len(v) == len(args))
+        ok = ok and all(_kind(x, each or args[i]) is None for i, x in enumerate(v))
+        return None if ok else (f"{len(args)} values" if origin is tuple else "a list") + " of the right kind"
+    return None
+
+
 def check_options(cfg, only: tuple[str, ...] | None = None) -> None:
-    """Every declared option's own check (choices, then ``check``), in declaration order: the first
-    problem as a ``ConfigError`` naming its flag. ``only``: just the options at these dests."""
+    """Every declared option's type (``_kind``) and own check (choices, then ``check``), in declaration
+    order: the first problem as a ``ConfigError`` naming its flag. ``only``: just the options at these
+    dests, after every option's type (a sweep file's ``workers = "two"`` fails here, not in a comparison)."""
+    for d in declared(type(cfg)):
+        if (kind := _kind(d.value(cfg), d.type)) is not None:
+            raise ConfigError(f"{d.flag} must be {kind}, got {d.value(cfg)!r}")
     for d in declared(type(cfg)):
         if only is not None and d.dest not in only:
             continue

@@ -17,6 +17,13 @@ import pytest
     (["--lr", "-1"], "--lr must be > 0"),
     (["--workers", "4", "--batch-size", "64", "--num-samples", "100"], "exceeds the data set"),
     (["--out", "/proc/psring-cannot-write"], "cannot write to output directory"),
+    (["--out", ""], "--out is empty: give a folder"),  # (else the run is written into the working directory)
+    (["--steps", "nan"], "argument --steps: invalid int value: 'nan' (psring train --help)"),  # argparse's, one line
+    (["--seed", "-1"], "--seed must be in [0, 4294967296)"),  # (else a worker fails on it after the start)
+    (["--timeout", "inf"], "--timeout must be a finite number, got inf"),
+    (["--lr", "inf"], "--lr must be a finite number"),  # (else the loss is nan from the first step)
+    (["--link-rate", "10xbit"], "--link-rate must be a number and a unit"),  # on any --net: not into config.json
+    (["--link-delay", "5xs"], "--link-delay must be a time"),
 ])
 def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
     r = psring.run("train", *args, timeout=60)

@@ -217,6 +217,21 @@ def test_main_bad_input_exit_2(tmp_path, capsys, argv):
     assert not (tmp_path / "figures").exists()
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["''"], "'' is not a directory"),  # (Path('') is the working directory)
+    (["RESULTS", "--out", "AFILE"], "--out AFILE: a file is in the way"),
+    (["RESULTS", "--calibration", "AFILE"], "--calibration AFILE: not a readable calibration.json"),
+])
+def test_main_bad_paths_exit_2_naming_them(tmp_path, capsys, args, needle):
+    afile = tmp_path / "afile"
+    afile.write_text("not json")
+    where = {"''": "", "RESULTS": str(ROOT / "results" / "message_size"), "AFILE": str(afile)}
+    assert plot.main([where.get(a, a) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("psring plot: error:") and needle.replace("AFILE", str(afile)) in err
+    assert afile.read_text() == "not json"
+
+
 def test_main_prints_paths(tmp_path, capsys):
     assert plot.main([str(ROOT / "results" / "message_size"), "--out", str(tmp_path), "--formats", "png"]) == 0
     assert capsys.readouterr().out.split() == [str(tmp_path / "message_size.png")]
