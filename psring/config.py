@@ -1,6 +1,5 @@
-"""The resolved configuration of one training run, shared by the launcher, every worker and the PS servers.
-
-One dataclass, validated in one place: every process sees the same values, a bad one fails once, early, in one line.
+"""The resolved configuration of one training run, shared by the launcher, every worker and the PS servers: one
+dataclass, validated in one place; every process sees the same values, a bad one fails once, early, in one line.
 
 Each option is declared once, below (``options.opt``: default, help, section, flag, check); the flags of
 ``psring train`` and ``psring worker`` are generated from these declarations, one argument group per
@@ -79,7 +78,7 @@ class TrainConfig:
     batch_size: int = opt(32, "per-worker batch size B", section="data", short="-b", check=at_least(1))
     steps: int | None = opt(None, f"training steps (default {DEFAULT_STEPS}, or those of --epochs)",
                             section="run", check=at_least(1))
-    seed: int = opt(0, "seed of the weights and of the data", section="run")
+    seed: int = opt(0, "seed of the weights and of the data", section="run", check=within(0, 2 ** 32))
     augment: bool = opt(False, "random crop + horizontal flip", section="data")
     optim: OptimConfig = nested(OptimConfig)
     threads: int = opt(0, "torch intra-op threads per worker (0 = cores / N)", section="compute",
@@ -133,13 +132,14 @@ class TrainConfig:
     net: str = opt("loopback", "emulated: every worker and server in its own network namespace behind a "
                    "rate-limited link (root)", section="network", choices=NETS)
     link_rate: str = opt("1gbit", "each host's link, each direction, e.g. 100mbit, 1gbit, 10gbit",
-                         section="network")
-    server_link_rate: str | None = opt(None, "PS servers' links, if different", section="network")
-    link_delay: str | None = opt(None, "one-way delay, e.g. 1ms (needs sch_netem)", section="network")
+                         section="network", check=checks.link_rate)
+    server_link_rate: str | None = opt(None, "PS servers' links, if different", section="network", check=checks.link_rate)
+    link_delay: str | None = opt(None, "one-way delay, e.g. 1ms (needs sch_netem)", section="network",
+                                 check=checks.link_delay)
     compute: str = opt("real", "real | emulated | emulated:MS: replace forward+backward by a wait "
                        "(emulated: the measured single-worker time)", section="compute", check=checks.compute)
-    out: str = opt("runs/latest", "output directory (psring train: default a new runs/DATE-TIME-SYNC-nN, or "
-                   "the run folder of --resume; psring worker: %(default)s)", section="run")
+    out: str = opt("runs/latest", "output directory (psring train: default a new runs/DATE-TIME-SYNC-nN, or the "
+                   "run folder of --resume; psring worker: %(default)s)", section="run", check=checks.folder)
     ps_addrs: list[str] = opt([], "comma-separated addresses of running `psring server`s (psring train "
                               "starts its own and fills this in)", section="ps", commands=("worker",),
                               metavar="tcp://HOST:PORT,...")
@@ -164,7 +164,7 @@ class TrainConfig:
                              "a last partial batch dropped)", section="run", check=at_least(1), metavar="E")
     link_burst: str = opt("1mb", "tbf's burst of every emulated link (e.g. 128kb where messages are a few MB: a "
                           "1 MB credit refilled during compute carries part of each step faster than the rate)",
-                          section="network")
+                          section="network", check=checks.link_burst)
     link_cc: str = opt("", "TCP congestion control of every emulated host, e.g. cubic or bbr (default: the machine's, "
                        "which new namespaces inherit; summary.json's link_cc says which one ran)", section="network",
                        check=tcp_unknown)

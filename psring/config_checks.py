@@ -3,6 +3,7 @@ fine, else the rest of a one-line message (``options.Option.check``), or raises 
 checks that read several options at once (``check_ps``, ``check_compress``)."""
 from __future__ import annotations
 
+from .link_checks import link_burst, link_delay, link_rate  # noqa: F401 - config.py's checks
 from .options import ConfigError
 
 
@@ -278,3 +279,9 @@ def data_classes(dataset: str, bundled: tuple, bundled_classes: int) -> int:
     from .train.datasets import dataset_classes
 
     return dataset_classes(dataset)
+
+
+def folder(path: str) -> str | None:
+    """An output folder's name: not empty (``--out ''`` would write the run into the working directory)."""
+    return None if path.strip() else "is empty: give a folder"
+
