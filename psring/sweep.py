@@ -41,6 +41,7 @@ import pandas as pd
 
 from . import strategies
 from .config import DEFAULT_STEPS, ConfigError, OptimConfig, TrainConfig
+from .fileio import out_folder
 from .results import load_summary
 from .sweep_select import comparable_config, is_finished, list_runs, move_aside, parse_only, select
 
@@ -67,15 +68,16 @@ MATCHED_KEYS = CONFIG_KEYS - BASELINE_FREE - set(ID_KEYS)
 def load_sweep(path: Path) -> tuple[dict, list[dict]]:
     """``(meta, runs)``: the [sweep] table and the list of resolved per-run settings (deduplicated),
     led by the baseline runs the sweep lacks (``missing_baselines``), so every speedup is known early."""
-    try:
-        doc = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read sweep file {path}: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"sweep file {path} is not valid TOML: {e}") from None
+    doc = read_toml(Path(path), "sweep file")
     unknown = set(doc) - {"sweep", "grid", "runs", "fixed"}
-    if unknown:
-        raise ConfigError(f"sweep file {path}: unknown table(s) {', '.join(sorted(unknown))}")
+    if unknown or not doc:
+        raise ConfigError(f"sweep file {path}: " + (f"unknown table(s) {', '.join(sorted(unknown))}" if unknown else
+                                                   "no [grid], [[runs]] or [fixed] table: nothing to run"))
+    kinds = {"sweep": dict, "grid": dict, "fixed": dict, "runs": list}
+    if any(not isinstance(doc[t], kinds[t]) for t in doc) or not all(isinstance(r, dict) for r in doc.get("runs", [])):
+        raise ConfigError(f"sweep file {path}: [sweep], [grid] and [fixed] are tables, [[runs]] an array of tables")
+    if not all(isinstance(doc.get("sweep", {}).get(k, ""), str) for k in ("name", "description")):
+        raise ConfigError(f"sweep file {path}: [sweep] name and description are text")
     grid, fixed, base = doc.get("grid", {}), doc.get("fixed", {}), doc.get("runs", [{}])
     allowed = CONFIG_KEYS | (SIM_KEYS if doc.get("sweep", {}).get("simulate") else set())
     for where, table in [("grid", grid), ("fixed", fixed)] + [("runs", r) for r in base]:
@@ -150,7 +152,8 @@ def _resolve_servers(run: dict) -> dict:
         k = re.fullmatch(r"N(?:/([1-9][0-9]*))?", v)
         if k is None:
             raise ConfigError(f'servers = "{v}": a number, "N" (as many as workers) or "N/K" (a K-th of them)')
-        run["servers"] = max(1, run.get("workers", 1) // int(k.group(1) or 1))
+        w = run.get("workers", 1)  # (a workers that is no number: the run's type check says so)
+        run["servers"] = max(1, w // int(k.group(1) or 1)) if isinstance(w, int) else v
     return run
 
 
@@ -159,6 +162,14 @@ def run_id(run: dict, keys: list[str]) -> str:
     # run on loopback); one that sets it keeps it, so baselines that differ only there stay apart
     keys = [k for k in keys if k in run or k not in BASELINE_FREE or not is_baseline(run)]
     return "_".join(f"{k}-{_setting(run, k)}" for k in keys)
+
+
+def make_configs(runs: list[dict], ids: list[str], out_dir: Path, path) -> list[TrainConfig]:
+    """Every run's validated config; the first bad one is one line naming the sweep file and the run."""
+    try:
+        return [make_config(r, out_dir / "runs" / (ident := i)) for r, i in zip(runs, ids)]
+    except ConfigError as e:
+        raise ConfigError(f"sweep file {path}, run {ident}: {e}") from None
 
 
 def make_config(run: dict, out: Path) -> TrainConfig:
@@ -228,22 +239,21 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[
     out_dir = Path(out or Path("results") / meta.get("name", Path(path).stem))
     keys = varying_keys(runs)
     ids = [run_id(r, keys) for r in runs]
-    configs = [make_config(r, out_dir / "runs" / i) for r, i in zip(runs, ids)]  # validate all, run none yet
+    configs = make_configs(runs, ids, out_dir, path)  # validate all, run none yet
     sims = [sim_settings(r) if simulated else None for r in runs]
+    other = next(((i, k) for i, c in zip(ids, configs) if (k := other_kind(Path(c.out), simulated))), None)
+    if other:  # before anything is written: runs.csv and its rows stay the other sweep's
+        raise ConfigError(f"{out_dir} holds {other[1]} run ({other[0]}); give this sweep another --out")
     done = [is_finished(Path(c.out), c, m) for c, m in zip(configs, sims)]
     todo = [c and (rerun or not d) for c, d in zip(chosen, done)]
     if listing:
         return list_runs(ids, chosen, done, todo, [(Path(c.out) / "summary.json").exists() for c in configs])
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_folder(out_dir)
     rows, t0, executed = [], time.monotonic(), 0
     for i, (ident, cfg, sim) in enumerate(zip(ids, configs, sims), 1):
         run_dir, where = Path(cfg.out), f"[{i}/{len(runs)}] {ident}"
         row = {"run_id": ident, **flat_config(cfg)}
-        other = other_kind(run_dir, simulated)
-        if other:
-            row.update(status="failed", error=f"{run_dir} holds {other} run; give this sweep another --out")
-            print(f"{where}: FAILED: {row['error']}", flush=True)
-        elif not todo[i - 1]:
+        if not todo[i - 1]:
             print(f"{where}: {'finished earlier, skipped' if done[i - 1] else 'not selected'}", flush=True)
             row.update(status="ok", error="", **load_summary(run_dir)) if done[i - 1] else \
                 row.update(status="not run", error="not selected (--only)")
@@ -273,3 +283,18 @@ def write_runs_csv(rows: list[dict], out_dir: Path) -> pd.DataFrame:
     df.to_csv(tmp, index=False)
     tmp.rename(out_dir / "runs.csv")
     return df
+
+
+def read_toml(path: Path, what: str) -> dict:
+    """A TOML file's document; a path that is no regular file (a folder, a pipe), unreadable, not UTF-8 or not
+    TOML is one ``ConfigError`` line naming ``what`` and ``path``."""
+    try:
+        if not path.is_file():
+            raise ConfigError(f"cannot read {what} {path}: " + ("not a regular file" if path.exists() else "no such file"))
+        return tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not text (UTF-8): is it the TOML file?") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid TOML: {e}") from None

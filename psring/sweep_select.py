@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import strategies
 from .config import RAN_BEFORE, ConfigError, TrainConfig
+from .fileio import out_folder
 from .results import load_config, load_summary
 
 REPLACED = "replaced"  # beside OUT/runs: finished runs this sweep ran again, each kept whole
@@ -84,7 +85,11 @@ def select(runs: list[dict], only: dict[str, set[str]], setting) -> list[bool]:
         if not values & have:
             raise ConfigError(f"--only {key}={'/'.join(sorted(values))} selects no run of this sweep "
                               f"({key} takes {', '.join(sorted(have))})")
-    return [all(text(setting(r, k)) in vs for k, vs in only.items()) for r in runs]
+    chosen = [all(text(setting(r, k)) in vs for k, vs in only.items()) for r in runs]
+    if not any(chosen):
+        raise ConfigError(f"--only {' '.join(f'{k}={v}' for k, vs in only.items() for v in sorted(vs))} select no "
+                          f"run together: each key's values select runs, but no run has them all")
+    return chosen
 
 
 def move_aside(run_dir: Path, out_dir: Path) -> Path:
@@ -95,7 +100,7 @@ def move_aside(run_dir: Path, out_dir: Path) -> Path:
     if pid is not None:
         raise ConfigError(f"{run_dir} is in use by a running psring (pid {pid}); wait for it, or stop it")
     dest = out_dir / REPLACED / f"{run_dir.name}.{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    out_folder(dest.parent, "the replaced runs' folder")
     n = 1
     while dest.exists():  # two replacements within a second
         n += 1

@@ -44,7 +44,7 @@ def test_only_runs_the_selected_runs_and_runs_csv_lists_the_rest(tmp_path, capsy
     f, out = sweep_file(tmp_path), tmp_path / "out"
     assert run_sweep(str(f), str(out), listing=True, only=["sync=ps"]) is None
     listed = capsys.readouterr().out
-    assert re.findall(r": (run|finished earlier, skip)$", listed, re.M) == ["run", "run"], listed
+    assert re.findall(r": (run|finished earlier, skip)$", listed, re.MULTILINE) == ["run", "run"], listed
     assert "2 of 5 runs selected: 2 to run, 0 finished earlier" in listed  # the none N=1 baseline is added
     assert not out.exists()  # --list writes nothing
 
@@ -103,3 +103,60 @@ def test_bad_only_is_one_line_exit_2_and_touches_nothing(psring, tmp_path, only,
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("psring: error: "), r.stderr
     assert needle in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("", "no [grid], [[runs]] or [fixed] table: nothing to run"),
+    ("grid = 5\n", "[sweep], [grid] and [fixed] are tables, [[runs]] an array of tables"),
+    ("runs = [1, 2]\n", "[[runs]] an array of tables"),
+    ("[sweep]\nname = 5\n[fixed]\nsteps = 3\n", "[sweep] name and description are text"),
+    (b"\xff\xfe[grid]\n", "is not text (UTF-8)"),
+    ("[grid]\nworkers = [\"two\"]\n", "--workers must be an integer, got 'two'"),
+    ("[grid]\nsteps = [\"3\"]\n", "--steps must be an integer, got '3'"),
+    ("[grid]\nlr = [\"fast\"]\n", "--lr must be a finite number, got 'fast'"),
+    ("[fixed]\nworkers = \"two\"\nservers = \"N\"\nsync = \"ps\"\n", "--workers must be an integer"),
+    ("[fixed]\nlink_rate = \"10xbit\"\n", "--link-rate must be a number and a unit"),
+])
+def test_a_sweep_file_of_the_wrong_shape_or_types_is_one_line(tmp_path, text, needle):
+    from psring.config import ConfigError
+
+    f = tmp_path / "bad.toml"
+    f.write_bytes(text) if isinstance(text, bytes) else f.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        run_sweep(str(f), str(tmp_path / "out"), listing=True)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_pipe_an_out_that_is_a_file_and_only_that_selects_nothing_are_one_line(tmp_path):
+    import os
+
+    from psring.config import ConfigError
+
+    os.mkfifo(tmp_path / "pipe.toml")  # reading it would wait for a writer forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        run_sweep(str(tmp_path / "pipe.toml"), str(tmp_path / "out"), listing=True)
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ConfigError, match="a file is in the way"):
+        run_sweep(str(sweep_file(tmp_path)), str(tmp_path / "afile"))
+    assert (tmp_path / "afile").read_text() == "mine"
+    with pytest.raises(ConfigError, match="select no run together"):
+        run_sweep(str(sweep_file(tmp_path)), str(tmp_path / "out"), only=["sync=ps", "workers=1"])
+
+
+def test_a_replayed_sweep_into_a_measured_sweeps_folder_is_refused_before_writing(tmp_path):
+    """The folder's runs.csv and runs stay the measured sweep's: nothing is rewritten as failed."""
+    from psring.config import ConfigError
+    from psring.sweep import load_sweep, run_id, varying_keys
+
+    f, out = sweep_file(tmp_path), tmp_path / "out"
+    _, runs = load_sweep(f)
+    measured = out / "runs" / run_id(runs[0], varying_keys([{**r, "net": "emulated"} for r in runs]))
+    measured.mkdir(parents=True)
+    (measured / "summary.json").write_text(json.dumps({"simulated": False, "steps_completed": 4}))
+    (out / "runs.csv").write_text("run_id,status\nmine,ok\n")
+    for listing in (True, False):
+        with pytest.raises(ConfigError, match=f"holds a measured run \\({measured.name}\\); give this sweep"):
+            run_sweep(str(f), str(out), listing=listing)
+    assert (out / "runs.csv").read_text() == "run_id,status\nmine,ok\n"
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [measured.name]
