@@ -24,6 +24,7 @@ import pytest
     (["--lr", "inf"], "--lr must be a finite number"),  # (else the loss is nan from the first step)
     (["--link-rate", "10xbit"], "--link-rate must be a number and a unit"),  # on any --net: not into config.json
     (["--link-delay", "5xs"], "--link-delay must be a time"),
+    (["--num-samples", "2000000000"], "of synthetic data need about"),  # (else minutes generating, then out of memory)
 ])
 def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
     r = psring.run("train", *args, timeout=60)

@@ -115,6 +115,7 @@ def check_train(cfg: TrainConfig, force: bool = False, echo: bool = True) -> Non
     n, s = cfg.workers, cfg.servers if uses_servers(cfg.sync) else 0
     fp = Footprint(cfg.model, cfg.batch_size, model_bytes(cfg.model, cfg), cfg.input_size)
     avail = available_bytes()
+    check_generated(cfg, avail, force)
     if avail is not None and fp.need(n, s) > avail and not force:
         if s:
             limits = [f"--workers {k} with --servers {s}" for k in [fp.max_workers(avail, s)] if k >= 1]
@@ -128,6 +129,22 @@ def check_train(cfg: TrainConfig, force: bool = False, echo: bool = True) -> Non
                           f"memory (measured per process: {each}), {gib(avail)} is available: this machine holds "
                           f"at most {' or '.join(limits)}; use fewer, or --force to start anyway")
     warn_cores(n + s, echo)
+
+
+SYNTHETIC_SAMPLE_BYTES = 3 * 32 * 32 * 5  # datasets.SyntheticImages: its float32 noise and its uint8 images
+
+
+def check_generated(cfg: TrainConfig, avail: int | None, force: bool = False) -> None:
+    """Refuse a ``synthetic`` set that cannot be generated in the memory available (``--num-samples 2e9``:
+    30 TB, where generating it would run for minutes before the machine runs out). Counted once: the
+    launcher's zygote generates it before it forks the workers."""
+    if cfg.dataset != "synthetic" or cfg.num_samples is None or avail is None or force:
+        return
+    need = cfg.num_samples * SYNTHETIC_SAMPLE_BYTES
+    if need > avail:
+        raise ConfigError(f"--num-samples {cfg.num_samples} of synthetic data need about {gib(need)} of memory to "
+                          f"generate, {gib(avail)} is available: use --num-samples {avail // SYNTHETIC_SAMPLE_BYTES} "
+                          f"or fewer (--force to start anyway)")
 
 
 def check_bench(workers: int, sizes: list[int], servers: list[int], floor: bool, force: bool = False) -> None:
