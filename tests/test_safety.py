@@ -46,9 +46,12 @@ def test_a_finished_run_is_kept_unless_overwrite(psring, tmp_path):
     assert r.returncode == 2 and "holds a finished run" in one_line(r) and "--overwrite" in r.stderr, r.stderr
     assert tree(out) == before  # byte for byte, and nothing added
 
+    # a link schedule an earlier run tuned there (tuned.json) must not be read into this run's summary
+    (out / "tuned.json").write_text(json.dumps({"partition_bytes": 12345}) + "\n")
     r = psring.run("train", *SMALL, "--steps", "4", "--out", str(out), "--overwrite", timeout=120)
     assert r.returncode == 0, r.stderr
-    assert json.loads((out / "summary.json").read_text())["steps_completed"] == 4
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps_completed"] == 4 and "partition_bytes" not in summary, summary
     assert not (out / "checkpoint").exists()  # the replaced run's checkpoint went with it
 
 

@@ -25,8 +25,8 @@ LOCK = ".psring.lock"
 # what a run writes; a fresh run in a used folder removes all of it, its checkpoints too (a restart must
 # never resume another run's), but only psring's files there: checkpoint/ is a common name
 OUTPUT_DIRS = ("ranks", "logs", "servers")
-OUTPUT_FILES = ("steps.jsonl", "summary.json", "model.pt", "trace.json", "config.json",
-                f"{FOLDER}/{FILE}", f"{FOLDER}/{PREVIOUS}")
+OUTPUT_FILES = ("steps.jsonl", "summary.json", "model.pt", "trace.json", "config.json", "tuned.json", "links.jsonl",
+                f"{FOLDER}/{FILE}", f"{FOLDER}/{PREVIOUS}")  # (tuned.json: summary.json takes in whatever it finds)
 
 
 def default_out(sync: str, workers: int, root: str | Path = "runs", now: float | None = None) -> str:
