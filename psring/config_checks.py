@@ -115,6 +115,9 @@ def check_placement(cfg) -> None:
     if cfg.ps_placement == "colocated" and cfg.servers != h:
         raise ConfigError(f"--ps-placement colocated runs one server on each of the {h} worker hosts: "
                           f"use --servers {h} (got {cfg.servers})")
+    if cfg.ps_placement == "mixed" and h < 2:
+        raise ConfigError(f"--ps-placement mixed needs at least 2 worker hosts (here {h}: --net emulated, "
+                          f"--workers-per-host); on one host use --ps-placement dedicated or colocated")
     if cfg.ps_placement == "mixed" and not h < cfg.servers < 2 * h:
         raise ConfigError(f"--ps-placement mixed runs one server on each of the {h} worker hosts plus k "
                           f"dedicated ones, 1 <= k < {h}: use --servers {h + 1} to {2 * h - 1} "

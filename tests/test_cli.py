@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -25,6 +26,7 @@ import pytest
     (["--link-rate", "10xbit"], "--link-rate must be a number and a unit"),  # on any --net: not into config.json
     (["--link-delay", "5xs"], "--link-delay must be a time"),
     (["--num-samples", "2000000000"], "of synthetic data need about"),  # (else minutes generating, then out of memory)
+    (["--resume", str(Path(__file__).resolve().parents[1] / "README.md")], "not a file torch.save wrote whole"),
 ])
 def test_bad_input_is_one_line_and_exit_2(psring, args, needle):
     r = psring.run("train", *args, timeout=60)

@@ -50,6 +50,7 @@ def test_mixed_shares_follow_bytesps_optimum():
       "colocated"), "use --servers 2"),
     (("--sync", "ps", "--workers", "4", "--workers-per-host", "2", "--servers", "4", "--ps-placement",
       "mixed"), "--servers 3 to 3"),
+    (("--sync", "ps", "--workers", "2", "--servers", "2", "--ps-placement", "mixed"), "needs at least 2 worker hosts"),
 ])
 def test_bad_topology_is_one_line_exit_2(psring, tmp_path, argv, msg):
     r = psring.run("train", "--model", "cnn", "--steps", "1", "--out", str(tmp_path / "x"), *argv)

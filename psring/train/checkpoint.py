@@ -95,7 +95,9 @@ def load(where: str | Path) -> dict:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - a torn or foreign file: say which, in one line
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {e}") from None
+        first = (str(e).splitlines() or [""])[0][:120]  # torch's unpickling errors run to several lines
+        raise CheckpointError(f"cannot read checkpoint {path}: not a file torch.save wrote whole "
+                              f"({type(e).__name__}: {first})") from None
     if not (isinstance(ckpt, dict) and {"step", "model", "sync", "config"} <= set(ckpt)):
         raise CheckpointError(f"{path} is not a psring checkpoint")
     return ckpt
