@@ -47,13 +47,24 @@ def check(cfg: TrainConfig) -> float:
         raise ConfigError(f"psring simulate replays the codecs (fp16, bf16, top-k, random-k, 1-bit) with --overlap "
                           f"none only so far (got --compress {cfg.compress}, --overlap {cfg.overlap})")
     for flag, rate in (("--link-rate", cfg.link_rate), ("--server-link-rate", cfg.server_link_rate)):
-        try:
-            if rate is not None:
-                cm.Link.from_rate(rate)
-        except ValueError as e:
-            raise ConfigError(f"{flag}: {e}") from None
+        check_rate(flag, rate)
+    if cfg.link_delay is not None:  # nothing in the replay reads it: refused rather than left out unsaid
+        raise ConfigError(f"psring simulate does not replay --link-delay (got {cfg.link_delay!r}): its links have "
+                          f"no propagation delay; drop it, or add it to the per-message --alpha-us")
     burst_bytes(cfg.link_burst)
     return ms / 1000
+
+
+def check_rate(flag: str, rate) -> None:
+    """A link's rate (None: unset) as tc writes it, a finite number of bits or bytes a second above 0."""
+    if rate is None:
+        return
+    try:
+        bps = cm.Link.from_rate(rate).bandwidth_Bps
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    if not (math.isfinite(bps) and bps > 0):
+        raise ConfigError(f"{flag} {rate!r}: a finite rate above 0, e.g. 1gbit, 100mbit, 2.5GB/s")
 
 
 def overlapped(cfg: TrainConfig) -> bool:
