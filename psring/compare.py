@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from .bounds import with_bounds
+from .fileio import out_folder
 from .strategies import uses_servers
 
 PRESETS = Path(__file__).parent / "presets"
@@ -88,8 +89,7 @@ def _with_steps(preset: Path, out: str, steps: int | None) -> Path:
         return preset
     text = "\n".join(f"steps = {steps}" if line.startswith("steps = ") else line
                      for line in preset.read_text().splitlines())
-    path = Path(out) / preset.name
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = out_folder(out) / preset.name
     path.write_text(text + "\n")
     return path
 
@@ -97,6 +97,7 @@ def _with_steps(preset: Path, out: str, steps: int | None) -> Path:
 def run_compare(out: str, steps: int | None = None, net: str | None = None) -> int:
     from .sweep import run_sweep
 
+    out_folder(out)  # one line for an --out in a file's way, before a run starts
     net, why = choose_net(net)
     if why:
         print(why, file=sys.stderr, flush=True)

@@ -64,3 +64,13 @@ def test_series_and_figure():
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["allreduce: measured", "allreduce: model", "ps S=1: measured", "ps S=1: model",
                       "ps S=N: measured", "ps S=N: model"]
+
+
+def test_an_out_in_a_files_way_is_one_line_before_any_run(tmp_path):
+    from psring.compare import run_compare
+    from psring.config import ConfigError
+
+    (tmp_path / "afile").write_text("mine")
+    with pytest.raises(ConfigError, match="a file is in the way"):
+        run_compare(str(tmp_path / "afile"), steps=2, net="loopback")
+    assert (tmp_path / "afile").read_text() == "mine"
