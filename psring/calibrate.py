@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import platform
 import re
 import shlex
@@ -29,11 +30,14 @@ import zmq
 
 from .bench.runner import parse_size, size_range
 from .costmodel import Link, save_calibration
+from .fileio import out_folder
 from .launch.children import Children
-from .launch.launcher import start_listeners
+from .launch.launcher import LaunchError, start_listeners
 from .net import tcp
+from .options import ConfigError, OneLineParser
 
 DEFAULT_SIZES = size_range(64, 16 << 20, 4)  # 64 B, 256 B, ..., 4 MB, 16 MB
+MEMORY_COPIES = 3  # a message at its peak: the client's, the echo server's copy of it, the reply received
 
 
 def fit_link(sizes: list[int], one_way_s: list[float], method: str = "anchored") -> tuple[Link, float]:
@@ -148,32 +152,93 @@ def summary(link: Link, table: list[dict], r2: float) -> str:
             f"measured {worst['rel_err']:+.0%} vs the fit)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    ap = argparse.ArgumentParser(prog="python -m psring.calibrate", description=__doc__.splitlines()[0])
+def parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="python -m psring.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="directory for calibration.json")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace the calibration.json in --out (default: refuse, exit 2)")
     ap.add_argument("--sizes", help="comma-separated sizes (e.g. 64,4K,1M); default 64 B to 16 MB by x4")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--frame-bytes", type=parse_size, default=1 << 20,
+    ap.add_argument("--frame-bytes", default="1M",
                     help="split messages into frames of this size, as the PS does (default 1M)")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for any one echo")
     ap.add_argument("--address", help="connect here (an echo server already running, or the prefix's)")
     ap.add_argument("--fit", choices=["anchored", "relative"], default="anchored",
                     help="anchored: alpha from the smallest size, B by least squares (default)")
     ap.add_argument("--prefix", help="run the echo server under this command, e.g. 'ip netns exec ns1'")
-    a = ap.parse_args(argv)
-    sizes = [parse_size(s) for s in a.sizes.split(",")] if a.sizes else None
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    return ap
+
+
+def largest_message() -> int | None:
+    """The largest message this machine can ping-pong now: ``MEMORY_COPIES`` of it must fit in the memory
+    available; None if that is unknown."""
+    from .launch.resources import available_bytes
+
+    avail = available_bytes()
+    return None if avail is None else avail // MEMORY_COPIES
+
+
+def read_sizes(text: str | None) -> list[int] | None:
+    """``--sizes`` (None: the default sizes): readable, at least two different ones, and each small enough
+    for this machine's memory (``largest_message``), or one ConfigError line."""
+    from .launch.resources import gib
+
+    if text is None:
+        return None
+    if not text.strip():
+        raise ConfigError("--sizes is empty: give comma-separated sizes, e.g. 64,4K,1M (or leave it out)")
     try:
-        link, table = calibrate(a.address, sizes, a.repeats, a.warmup, a.frame_bytes, a.timeout,
+        sizes = [parse_size(s) for s in text.split(",")]
+    except ValueError as e:
+        raise ConfigError(f"--sizes: {e}") from None
+    limit = largest_message()
+    if limit is not None and max(sizes) > limit:
+        raise ConfigError(f"--sizes: a message of {gib(max(sizes))} does not fit in this machine's memory: "
+                          f"{MEMORY_COPIES} copies of it are held at once (sent, echoed, received) and "
+                          f"{gib(limit * MEMORY_COPIES)} is available, so at most {gib(limit)} ({limit} bytes)")
+    if len(set(sizes)) < 2:
+        raise ConfigError(f"--sizes needs at least two different sizes to fit alpha and B, got {text!r}")
+    return sizes
+
+
+def check_args(a: argparse.Namespace) -> tuple[list[int] | None, int]:
+    """``(sizes, frame_bytes)`` from the flags, every problem one ConfigError line; reads, changes nothing."""
+    if a.repeats < 1:
+        raise ConfigError(f"--repeats must be >= 1 (round trips per size, the median taken), got {a.repeats}")
+    if a.warmup < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {a.warmup}")
+    if not (math.isfinite(a.timeout) and a.timeout > 0):
+        raise ConfigError(f"--timeout must be a number of seconds above 0, got {a.timeout}")
+    sizes = read_sizes(a.sizes)
+    try:
+        frame_bytes = parse_size(a.frame_bytes)
+    except ValueError as e:
+        raise ConfigError(f"--frame-bytes: {e}") from None
+    if str(a.out).strip() and (Path(a.out) / "calibration.json").exists() and not a.overwrite:
+        raise ConfigError(f"{a.out} holds a calibration (calibration.json): choose another --out, "
+                          f"or --overwrite to replace it")
+    return sizes, frame_bytes
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``psring calibrate`` (loopback: called in its process) and ``python -m psring.calibrate``: 0, or 2
+    with one line on stderr (bad flags, a folder in the way, no echo, a fit that is not physical)."""
+    argv = sys.argv[1:] if argv is None else argv
+    a = parser().parse_args(argv)
+    try:
+        sizes, frame_bytes = check_args(a)
+        out = out_folder(a.out)
+        link, table = calibrate(a.address, sizes, a.repeats, a.warmup, frame_bytes, a.timeout,
                                 shlex.split(a.prefix) if a.prefix else None, fit=a.fit)
-    except (ValueError, TimeoutError) as e:  # a fit that is not physical, or no echo: one line, nothing written
-        print(f"psring calibrate: error: {e}", file=sys.stderr)
+    except (ValueError, OSError, MemoryError, zmq.ZMQError, LaunchError) as e:
+        # a flag, a fit that is not physical, no echo (TimeoutError), a bad --address or --prefix: one line
+        where = (f"--address {a.address}: " if isinstance(e, zmq.ZMQError) and a.address else
+                 f"--prefix {a.prefix}: " if isinstance(e, (FileNotFoundError, PermissionError)) and a.prefix else "")
+        print(f"psring calibrate: error: {where}{e}", file=sys.stderr)
         return 2
     _, r2 = fit_link([r["size_bytes"] for r in table], [r["one_way_s"] for r in table], a.fit)
-    meta = {"r2": r2, "fit": a.fit, "fitted_from": table, "frame_bytes": a.frame_bytes,
+    meta = {"r2": r2, "fit": a.fit, "fitted_from": table, "frame_bytes": frame_bytes,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "host": socket.gethostname(), "platform": platform.platform(), "link_cc": tcp.here(),
             "command": shlex.join([sys.executable, "-m", "psring.calibrate", *argv])}

@@ -103,3 +103,23 @@ def out_folder(path: str | Path, flag: str = "--out") -> Path:
         cause = CAUSES.get(e.errno) or (e.strerror or str(e)).lower()
         raise ConfigError(f"{flag} {path}: cannot make the folder ({cause})") from None
     return path
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """A TOML file's document; a path that is no regular file (a folder, a pipe), unreadable, not UTF-8 or not
+    TOML is one ``ConfigError`` line naming ``what`` and ``path``."""
+    import tomllib
+
+    from .options import ConfigError
+
+    path = Path(path)
+    try:
+        if not path.is_file():
+            raise ConfigError(f"cannot read {what} {path}: " + ("not a regular file" if path.exists() else "no such file"))
+        return tomllib.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{what} {path} is not text (UTF-8): is it the TOML file?") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{what} {path} is not valid TOML: {e}") from None

@@ -34,14 +34,13 @@ import json
 import math
 import re
 import time
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 
 from . import strategies
 from .config import DEFAULT_STEPS, ConfigError, OptimConfig, TrainConfig
-from .fileio import out_folder
+from .fileio import out_folder, read_toml
 from .results import load_summary
 from .sweep_select import comparable_config, is_finished, list_runs, move_aside, parse_only, select
 
@@ -284,17 +283,3 @@ def write_runs_csv(rows: list[dict], out_dir: Path) -> pd.DataFrame:
     tmp.rename(out_dir / "runs.csv")
     return df
 
-
-def read_toml(path: Path, what: str) -> dict:
-    """A TOML file's document; a path that is no regular file (a folder, a pipe), unreadable, not UTF-8 or not
-    TOML is one ``ConfigError`` line naming ``what`` and ``path``."""
-    try:
-        if not path.is_file():
-            raise ConfigError(f"cannot read {what} {path}: " + ("not a regular file" if path.exists() else "no such file"))
-        return tomllib.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{what} {path} is not text (UTF-8): is it the TOML file?") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{what} {path} is not valid TOML: {e}") from None

@@ -14,7 +14,11 @@ from .config import ConfigError
 
 def cmd_calibrate(a) -> int:
     """Measure alpha and B over loopback, or over one emulated link (two hosts of ``--net emulated``)."""
-    args = ["--out", a.out, "--repeats", str(a.repeats)] + (["--sizes", a.sizes] if a.sizes else [])
+    from .calibrate import check_args, parser
+
+    args = ["--out", a.out, "--repeats", str(a.repeats)] + (["--sizes", a.sizes] if a.sizes is not None else []) \
+        + (["--overwrite"] if a.overwrite else [])
+    check_args(parser().parse_args(args))  # one line for a bad flag or a calibration in the way, before a network
     if a.net == "loopback":
         from .calibrate import main as calibrate_main
 
@@ -75,6 +79,7 @@ def add_tool_parsers(sub) -> None:
                    "(default: the machine's; calibration.json's link_cc says which one ran)")
     c.add_argument("--sizes", help="comma-separated message sizes (default 64 B to 16 MB by x4)")
     c.add_argument("--repeats", type=int, default=30, help="round trips per size (median taken)")
+    c.add_argument("--overwrite", action="store_true", help="replace the calibration.json in --out (default: refuse)")
     c.set_defaults(func=cmd_calibrate)
 
     n = sub.add_parser("net", help="emulated-network housekeeping")

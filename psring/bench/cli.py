@@ -40,36 +40,111 @@ BENCH_DEFAULTS = {"workers": 2, "strategies": ",".join(default_benched()), "min_
                   "compress": "none"}
 
 
-def bench_settings(a) -> dict:
-    """Flags given on the command line win over the [bench] table of FILE, which wins over defaults."""
-    settings = dict(BENCH_DEFAULTS)
-    if a.file:
-        import tomllib
+# the [bench] keys by the kind of value they take (any other: text)
+INT_KEYS, BOOL_KEYS = ("workers", "factor", "warmup", "iters"), ("floor", "force")
+SIZE_KEYS, LIST_KEYS = ("min_size", "max_size", "chunk", "sizes"), ("sizes", "strategies")
+RESULTS = ("bench.csv", "bench.txt")  # what a finished bench leaves in --out
 
-        try:
-            table = tomllib.loads(Path(a.file).read_text()).get("bench", {})
-        except (OSError, tomllib.TOMLDecodeError) as e:
-            raise ConfigError(f"cannot read bench file {a.file}: {e}") from None
-        unknown = set(table) - set(settings)
-        if unknown:
-            raise ConfigError(f"{a.file}: unknown key(s) in [bench]: {', '.join(sorted(unknown))}")
-        settings.update({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in table.items()})
-    settings.update({k: v for k, v in vars(a).items() if k in settings and v is not None})
+
+def file_value_problem(key: str, v) -> str | None:
+    """What is wrong with the kind of ``v`` for [bench] ``key`` (``must be ...``), or None."""
+    def scalar(x) -> bool:
+        return isinstance(x, str) or (key in SIZE_KEYS and isinstance(x, int) and not isinstance(x, bool))
+
+    if key in INT_KEYS:
+        return None if isinstance(v, int) and not isinstance(v, bool) else "must be a whole number"
+    if key in BOOL_KEYS:
+        return None if isinstance(v, bool) else "must be true or false"
+    if key in LIST_KEYS and isinstance(v, list):
+        return None if v and all(map(scalar, v)) else "must be a non-empty list of " + (
+            "sizes (e.g. \"4K\" or 4096)" if key in SIZE_KEYS else "strings")
+    if scalar(v):
+        return None
+    return "must be a size such as \"4K\" or 4096" if key in SIZE_KEYS else "must be a string"
+
+
+def read_bench_table(file: str) -> dict:
+    """The [bench] table of ``file``: every way it can be unreadable or wrong is one ConfigError line."""
+    from ..fileio import read_toml
+
+    table = read_toml(file, "bench file").get("bench")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{file}: " + ("no [bench] table: psring bench FILE takes its settings from one "
+                                         "(e.g. experiments/message_size.toml)" if table is None else
+                                         f"bench must be a table ([bench] ...), got bench = {table!r}"))
+    unknown = set(table) - set(BENCH_DEFAULTS)
+    if unknown:
+        raise ConfigError(f"{file}: unknown key(s) in [bench]: {', '.join(sorted(unknown))}")
+    for key, v in table.items():
+        problem = file_value_problem(key, v)
+        if problem:
+            raise ConfigError(f"{file}: [bench] {key} {problem}, got {v!r}")
+    return table
+
+
+def bench_settings(a) -> dict:
+    """Flags given on the command line win over the [bench] table of FILE, which wins over defaults.
+    ``_from``: the keys whose value is FILE's (``named`` names them so in an error)."""
+    settings, table = dict(BENCH_DEFAULTS), read_bench_table(a.file) if a.file else {}
+    settings.update({k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in table.items()})
+    flags = {k: v for k, v in vars(a).items() if k in settings and v is not None}
+    settings.update(flags)
+    settings["_from"] = {k: a.file for k in table if k not in flags}
     return settings
 
 
+def named(b: dict, key: str) -> str:
+    """How an error names setting ``key``: ``--min-size``, or ``FILE: [bench] min_size`` where it came from."""
+    file = b.get("_from", {}).get(key)
+    return f"{file}: [bench] {key}" if file else "--" + key.replace("_", "-")
+
+
+def read_size(b: dict, key: str, text) -> int:
+    """One size of setting ``key`` (``4K``, 4096), or one ConfigError line naming it."""
+    from .runner import parse_size
+
+    try:
+        return parse_size(str(text))
+    except ValueError as e:
+        raise ConfigError(f"{named(b, key)}: {e}") from None
+
+
+def bench_sizes(b: dict) -> list[int]:
+    """The message sizes: ``sizes``, else ``min_size`` to ``max_size`` by ``factor`` (checked first)."""
+    from .runner import size_range
+
+    if b["sizes"] is not None:
+        if not str(b["sizes"]).strip():
+            raise ConfigError(f"{named(b, 'sizes')} is empty: give comma-separated sizes, e.g. 4K,1M,44M")
+        return [read_size(b, "sizes", x) for x in str(b["sizes"]).split(",")]
+    lo, hi = read_size(b, "min_size", b["min_size"]), read_size(b, "max_size", b["max_size"])
+    if lo > hi:
+        raise ConfigError(f"the smallest size {b['min_size']} ({named(b, 'min_size')}) is above the largest "
+                          f"{b['max_size']} ({named(b, 'max_size')}): swap them, or give --sizes")
+    return size_range(lo, hi, b["factor"])
+
+
+def check_counts(b: dict) -> None:
+    """The counts, each named in one line (before ``size_range``, which a factor below 2 would never end)."""
+    for key, low in (("workers", 1), ("iters", 1), ("warmup", 0), ("factor", 2)):
+        if b[key] < low:
+            raise ConfigError(f"{named(b, key)} must be >= {low}, got {b[key]}")
+
+
+def check_bench_out(out: str, overwrite: bool) -> None:
+    """Refuse an --out that holds a finished bench's results unless ``overwrite``; reads, changes nothing."""
+    done = [f for f in RESULTS if str(out).strip() and (Path(out) / f).exists()]
+    if done and not overwrite:
+        raise ConfigError(f"{out} holds a finished bench ({', '.join(done)}): choose another --out, "
+                          f"or --overwrite to replace it")
+
+
 def cmd_bench(a) -> int:
-    from .runner import parse_size, run_bench, size_range
+    from .runner import run_bench
 
     b = bench_settings(a)
-    try:
-        if b["sizes"]:
-            sizes = [parse_size(str(x)) for x in str(b["sizes"]).split(",")]
-        else:
-            sizes = size_range(parse_size(str(b["min_size"])), parse_size(str(b["max_size"])), int(b["factor"]))
-        chunk = parse_size(str(b["chunk"]))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    check_counts(b)
+    sizes, chunk = bench_sizes(b), read_size(b, "chunk", b["chunk"])
     strategies = [x for x in str(b["strategies"]).split(",") if x]
     bad = set(strategies) - set(benchable())
     if bad or not strategies:
@@ -77,15 +152,13 @@ def cmd_bench(a) -> int:
         raise ConfigError(f"--strategies takes {' and/or '.join(default_benched())}"
                           + (f" (the default; also {', '.join(also)})" if also else "")
                           + f", got {b['strategies']!r}")
-    if b["workers"] < 1 or b["iters"] < 1 or b["warmup"] < 0 or not sizes or b["factor"] < 2:
-        raise ConfigError("need --workers >= 1, --iters >= 1, --warmup >= 0, --factor >= 2 and at least one size")
     if b["model"] is not None and b["model"] not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
     check_bench_codec(str(b["compress"]), strategies)
+    check_bench_out(b["out"], bool(a.overwrite))  # (run_bench makes --out, or says why not, after its memory check)
     run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
               floor=bool(b["floor"]), force=bool(b["force"]), compress=str(b["compress"]))
     return 0
-
 
 
 def check_bench_codec(spec: str, strategies: list[str]) -> None:
@@ -125,6 +198,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--compress", metavar="CODEC",
                    help="time the strategies with this gradient codec (fp16, bf16, topk:R, randomk:R, onebit); "
                         "the raw transports stay dense: the ratio is what the codec saves over them")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace the finished bench in --out (bench.csv; default: refuse, exit 2)")
     b.add_argument("--force", action="store_const", const=True,
                    help="start even if the measured memory footprint says this machine cannot hold it")
     b.set_defaults(func=cmd_bench)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..compress.spec import NONE
+from ..fileio import out_folder, write_atomic
 from ..launch.children import Children
 from ..launch.launcher import LaunchError, check_alive, child_env, free_port
 from ..launch.resources import check_bench, model_bytes
@@ -27,12 +28,15 @@ UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
 def parse_size(text: str) -> int:
+    """``4K`` -> 4096 (K, M, G: powers of 1024; a trailing B allowed); a ValueError in one line otherwise."""
     t = text.strip().upper().removesuffix("B")
     mult = UNITS.get(t[-1:], 1)
     try:
         value = int(float(t[:-1] if t[-1:] in UNITS else t) * mult)
     except ValueError:
         raise ValueError(f"cannot read size {text!r}; use e.g. 4K, 1M, 128M") from None
+    except OverflowError:  # inf, 1e400
+        raise ValueError(f"size {text!r} is not a finite number of bytes; use e.g. 4K, 1M, 128M") from None
     if value < 64:
         raise ValueError(f"size {text!r} is below 64 bytes")
     return value
@@ -40,6 +44,8 @@ def parse_size(text: str) -> int:
 
 def size_range(lo: int, hi: int, factor: int) -> list[int]:
     """lo, lo*factor, ... and hi itself (4K..128M by 4 ends 16M, 64M, 128M)."""
+    if factor < 2 or lo < 1 or lo > hi:  # (a factor below 2 would never reach hi)
+        raise ValueError(f"no size range from {lo} to {hi} by x{factor}: need 1 <= lo <= hi and factor >= 2")
     sizes, s = [], lo
     while s < hi:
         sizes.append(s)
@@ -118,8 +124,7 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
                    if uses_servers(name) else [{"strategy": name, "servers": 1}])
     check_bench(workers, [model_bytes(model)] if model else sizes,  # before anything starts
                 [g["servers"] for g in groups if uses_servers(g["strategy"])], floor, force)
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = out_folder(out)  # (one line if it cannot be made) before any process starts
     frames = []
     for g in groups:
         print(f"== {g['strategy']}" + (f" S={g['servers']}" if uses_servers(g["strategy"]) else "")
@@ -129,8 +134,8 @@ def run_bench(workers: int, sizes: list[int], strategies: list[str], out: str, w
                 "compress": compress}
         frames.append(add_efficiency(pd.DataFrame(run_group(spec, out_dir, workers, timeout_s))))
     df = pd.concat(frames, ignore_index=True)
-    df.to_csv(out_dir / "bench.csv", index=False)
-    (out_dir / "bench.txt").write_text(format_table(df) + "\n")
+    write_atomic(out_dir / "bench.csv", df.to_csv(index=False))  # an earlier one: whole until replaced
+    write_atomic(out_dir / "bench.txt", format_table(df) + "\n")
     print()
     print(format_table(df))
     print(f"\nefficiency = raw transport time / strategy time (1.0 = the transport's limit); {out_dir / 'bench.csv'}")
