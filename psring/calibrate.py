@@ -215,7 +215,9 @@ def check_args(a: argparse.Namespace) -> tuple[list[int] | None, int]:
         frame_bytes = parse_size(a.frame_bytes)
     except ValueError as e:
         raise ConfigError(f"--frame-bytes: {e}") from None
-    if str(a.out).strip() and (Path(a.out) / "calibration.json").exists() and not a.overwrite:
+    if not str(a.out).strip():
+        raise ConfigError("--out is empty: give a folder")
+    if (Path(a.out) / "calibration.json").exists() and not a.overwrite:
         raise ConfigError(f"{a.out} holds a calibration (calibration.json): choose another --out, "
                           f"or --overwrite to replace it")
     return sizes, frame_bytes

@@ -287,4 +287,3 @@ def data_classes(dataset: str, bundled: tuple, bundled_classes: int) -> int:
 def folder(path: str) -> str | None:
     """An output folder's name: not empty (``--out ''`` would write the run into the working directory)."""
     return None if path.strip() else "is empty: give a folder"
-

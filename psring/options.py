@@ -202,6 +202,13 @@ def from_namespace(cls, ns: argparse.Namespace, path: tuple[str, ...] = ()):
     return cls(**kwargs)
 
 
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int beyond any float (a TOML file's 1 followed by 400 zeros)
+        return False
+
+
 def _kind(v, tp) -> str | None:
     """What ``v`` must be to fit the type ``tp`` (``an integer``, ``a finite number``, ...), or None if it
     does: a value from a sweep file or a config file, which no argparse typed. Not a bool for a number."""
@@ -212,7 +219,7 @@ def _kind(v, tp) -> str | None:
     if tp is int:
         return None if isinstance(v, int) and not isinstance(v, bool) else "an integer"
     if tp is float:
-        return None if number and math.isfinite(v) else "a finite number"
+        return None if number and _finite(v) else "a finite number"
     if tp in (str, bool):
         return None if isinstance(v, tp) else {str: "text", bool: "true or false"}[tp]
     if origin in (tuple, list):
@@ -228,8 +235,9 @@ def check_options(cfg, only: tuple[str, ...] | None = None) -> None:
     order: the first problem as a ``ConfigError`` naming its flag. ``only``: just the options at these
     dests, after every option's type (a sweep file's ``workers = "two"`` fails here, not in a comparison)."""
     for d in declared(type(cfg)):
-        if (kind := _kind(d.value(cfg), d.type)) is not None:
-            raise ConfigError(f"{d.flag} must be {kind}, got {d.value(cfg)!r}")
+        if (kind := _kind(d.value(cfg), d.type)) is not None:  # (a file's eval = "yes": name eval, not --no-eval)
+            who = f"{d.name} ({d.flag})" if d.flag.startswith("--no-") else d.flag
+            raise ConfigError(f"{who} must be {kind}, got {d.value(cfg)!r}")
     for d in declared(type(cfg)):
         if only is not None and d.dest not in only:
             continue

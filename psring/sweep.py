@@ -83,6 +83,10 @@ def load_sweep(path: Path) -> tuple[dict, list[dict]]:
         bad = set(table) - allowed
         if bad:
             raise ConfigError(f"sweep file {path}: unknown key(s) in [{where}]: {', '.join(sorted(bad))}")
+        odd = sorted(k for k, v in table.items() if not _plain(v if isinstance(v, list) else [v]))
+        if odd:
+            raise ConfigError(f"sweep file {path}: [{where}] {', '.join(odd)}: a setting is text, a number, true or "
+                              f"false, or a list of them (a TOML date, time or table is none)")
     for k, v in grid.items():
         if not isinstance(v, list) or not v:
             raise ConfigError(f"sweep file {path}: [grid] {k} must be a non-empty list")
@@ -96,6 +100,11 @@ def load_sweep(path: Path) -> tuple[dict, list[dict]]:
                 seen.add(ident)
                 runs.append(run)
     return doc.get("sweep", {}), missing_baselines(runs) + runs
+
+
+def _plain(values: list) -> bool:
+    """Settings' values: text, numbers, true/false, or lists of them (``betas``; a grid lists such values)."""
+    return all(isinstance(v, (str, int, float, bool)) or (isinstance(v, list) and _plain(v)) for v in values)
 
 
 def _setting(run: dict, k: str):
@@ -228,13 +237,13 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[
     runs.csv's table (None when ``listing``)."""
     meta, runs = load_sweep(Path(path))  # before the imports below (torch, 2 s): a bad file fails at once
     simulated = bool(meta.get("simulate"))
+    if simulated:  # the cluster simulated is the emulated one, as psring simulate's
+        runs = [{**r, "net": "emulated"} for r in runs]
     chosen = select(runs, parse_only(only, CONFIG_KEYS | (SIM_KEYS if simulated else set())), _setting)
     from .launch.launcher import LaunchError, launch
     from .simulate.run import simulate
     from .simulate.sweep_runs import other_kind, sim_settings
 
-    if simulated:  # the cluster simulated is the emulated one, as psring simulate's
-        runs = [{**r, "net": "emulated"} for r in runs]
     out_dir = Path(out or Path("results") / meta.get("name", Path(path).stem))
     keys = varying_keys(runs)
     ids = [run_id(r, keys) for r in runs]
@@ -282,4 +291,3 @@ def write_runs_csv(rows: list[dict], out_dir: Path) -> pd.DataFrame:
     df.to_csv(tmp, index=False)
     tmp.rename(out_dir / "runs.csv")
     return df
-

@@ -56,7 +56,6 @@ def is_finished(run_dir: Path, cfg: TrainConfig, sim: dict | None = None) -> boo
         return False
 
 
-
 def parse_only(items: list[str] | None, allowed: set[str]) -> dict[str, set[str]]:
     """``--only`` items as {key: values}; a malformed item or a key no run can have is one line."""
     only: dict[str, set[str]] = {}
@@ -82,8 +81,8 @@ def select(runs: list[dict], only: dict[str, set[str]], setting) -> list[bool]:
     default); a key whose values select no run is one line naming the values the sweep has."""
     for key, values in only.items():
         have = {text(setting(r, key)) for r in runs}
-        if not values & have:
-            raise ConfigError(f"--only {key}={'/'.join(sorted(values))} selects no run of this sweep "
+        if values - have:  # a typo among several values would drop its runs unsaid
+            raise ConfigError(f"--only {key}={'/'.join(sorted(values - have))} selects no run of this sweep "
                               f"({key} takes {', '.join(sorted(have))})")
     chosen = [all(text(setting(r, k)) in vs for k, vs in only.items()) for r in runs]
     if not any(chosen):
@@ -105,7 +104,10 @@ def move_aside(run_dir: Path, out_dir: Path) -> Path:
     while dest.exists():  # two replacements within a second
         n += 1
         dest = dest.with_name(f"{dest.name.split('~')[0]}~{n}")
-    run_dir.rename(dest)
+    try:
+        run_dir.rename(dest)
+    except OSError as e:
+        raise ConfigError(f"cannot move the finished run {run_dir} aside to {dest}: {e.strerror}") from None
     return dest
 
 

@@ -15,10 +15,12 @@ from .config import ConfigError
 def cmd_calibrate(a) -> int:
     """Measure alpha and B over loopback, or over one emulated link (two hosts of ``--net emulated``)."""
     from .calibrate import check_args, parser
+    from .fileio import out_folder
 
     args = ["--out", a.out, "--repeats", str(a.repeats)] + (["--sizes", a.sizes] if a.sizes is not None else []) \
         + (["--overwrite"] if a.overwrite else [])
     check_args(parser().parse_args(args))  # one line for a bad flag or a calibration in the way, before a network
+    out_folder(a.out)  # (and for an --out that cannot be made)
     if a.net == "loopback":
         from .calibrate import main as calibrate_main
 

@@ -229,3 +229,13 @@ def test_a_ps_launch_checks_its_shard_plan_without_importing_torch_for_a_built_i
         total = sum(sum(s) for s in param_spaces(TrainConfig(sync="ps", model="cnn", num_classes=classes))[0])
         with pytest.raises(ConfigError, match=f"{total + 1} servers for {total} parameter elements"):
             TrainConfig(sync="ps", model="cnn", num_classes=classes, workers=1, servers=total + 1).validate()
+
+
+def test_link_rates_are_read_as_the_replay_reads_them_on_any_net():
+    """Bit and byte rates (``costmodel.Link.from_rate``), finite and above 0; a typo is one line, not a value in
+    config.json (the emulated links' tc takes the bit units, and says so when they are built)."""
+    for ok in ("100mbit", "1gbit", "2.5GB/s", "1e3mbit"):
+        TrainConfig(link_rate=ok, server_link_rate=ok).validate()
+    for bad in ("10xbit", "0mbit", "", "9" * 400 + "gbit"):
+        with pytest.raises(ConfigError, match="--link-rate must be a number and a unit above 0"):
+            TrainConfig(link_rate=bad).validate()

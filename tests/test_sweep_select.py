@@ -116,6 +116,9 @@ def test_bad_only_is_one_line_exit_2_and_touches_nothing(psring, tmp_path, only,
     ("[grid]\nlr = [\"fast\"]\n", "--lr must be a finite number, got 'fast'"),
     ("[fixed]\nworkers = \"two\"\nservers = \"N\"\nsync = \"ps\"\n", "--workers must be an integer"),
     ("[fixed]\nlink_rate = \"10xbit\"\n", "--link-rate must be a number and a unit"),
+    ("[grid]\nlr = [1" + "0" * 400 + "]\n", "--lr must be a finite number"),  # (an int beyond any float)
+    ("[grid]\nworkers = [1979-05-27]\n", "[grid] workers: a setting is text, a number"),
+    ("[fixed]\neval = \"yes\"\n", "eval (--no-eval) must be true or false"),
 ])
 def test_a_sweep_file_of_the_wrong_shape_or_types_is_one_line(tmp_path, text, needle):
     from psring.config import ConfigError
@@ -142,6 +145,10 @@ def test_a_pipe_an_out_that_is_a_file_and_only_that_selects_nothing_are_one_line
     assert (tmp_path / "afile").read_text() == "mine"
     with pytest.raises(ConfigError, match="select no run together"):
         run_sweep(str(sweep_file(tmp_path)), str(tmp_path / "out"), only=["sync=ps", "workers=1"])
+    with pytest.raises(ConfigError, match="--only workers=44 selects no run"):  # a typo beside a good value
+        run_sweep(str(sweep_file(tmp_path)), str(tmp_path / "out"), only=["workers=4", "workers=44"], listing=True)
+    # a replayed sweep's runs are on the emulated cluster, and --only sees them there
+    assert run_sweep(str(sweep_file(tmp_path)), str(tmp_path / "out"), only=["net=emulated"], listing=True) is None
 
 
 def test_a_replayed_sweep_into_a_measured_sweeps_folder_is_refused_before_writing(tmp_path):
