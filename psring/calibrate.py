@@ -33,6 +33,7 @@ from .costmodel import Link, save_calibration
 from .fileio import out_folder
 from .launch.children import Children
 from .launch.launcher import LaunchError, start_listeners
+from .launch.outdir import refuse_results
 from .net import tcp
 from .options import ConfigError, OneLineParser
 
@@ -217,9 +218,7 @@ def check_args(a: argparse.Namespace) -> tuple[list[int] | None, int]:
         raise ConfigError(f"--frame-bytes: {e}") from None
     if not str(a.out).strip():
         raise ConfigError("--out is empty: give a folder")
-    if (Path(a.out) / "calibration.json").exists() and not a.overwrite:
-        raise ConfigError(f"{a.out} holds a calibration (calibration.json): choose another --out, "
-                          f"or --overwrite to replace it")
+    refuse_results(a.out, ("calibration.json",), "a calibration", a.overwrite)
     return sizes, frame_bytes
 
 

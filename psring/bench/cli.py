@@ -2,8 +2,6 @@
 from ``psring/cli.py`` so that each file stays about one thing)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from ..config import MODELS, ConfigError
 from ..strategies import REGISTRY, names, uses_servers
 
@@ -131,14 +129,6 @@ def check_counts(b: dict) -> None:
             raise ConfigError(f"{named(b, key)} must be >= {low}, got {b[key]}")
 
 
-def check_bench_out(out: str, overwrite: bool) -> None:
-    """Refuse an --out that holds a finished bench's results unless ``overwrite``; reads, changes nothing."""
-    done = [f for f in RESULTS if str(out).strip() and (Path(out) / f).exists()]
-    if done and not overwrite:
-        raise ConfigError(f"{out} holds a finished bench ({', '.join(done)}): choose another --out, "
-                          f"or --overwrite to replace it")
-
-
 def cmd_bench(a) -> int:
     from .runner import run_bench
 
@@ -155,7 +145,10 @@ def cmd_bench(a) -> int:
     if b["model"] is not None and b["model"] not in MODELS:
         raise ConfigError(f"--model must be one of {', '.join(MODELS)}, got {b['model']!r}")
     check_bench_codec(str(b["compress"]), strategies)
-    check_bench_out(b["out"], bool(a.overwrite))  # (run_bench makes --out, or says why not, after its memory check)
+    from ..launch.outdir import refuse_results
+
+    # (run_bench makes --out, or says why not, after its memory check)
+    refuse_results(b["out"], RESULTS, "a finished bench", bool(a.overwrite))
     run_bench(b["workers"], sizes, strategies, b["out"], b["warmup"], b["iters"], chunk, model=b["model"],
               floor=bool(b["floor"]), force=bool(b["force"]), compress=str(b["compress"]))
     return 0

@@ -91,6 +91,14 @@ def check_out(out: Path, overwrite: bool = False, in_place: bool = False) -> Non
                           f"with --resume {out}, or --overwrite to replace it")
 
 
+def refuse_results(out: str | Path, names: tuple[str, ...], what: str, overwrite: bool = False) -> None:
+    """Refuse an ``--out`` holding any of the result files ``names`` (a bench's ``bench.csv``, a
+    ``calibration.json``) unless ``overwrite``; reads, changes nothing (an empty ``out``: the caller's to refuse)."""
+    done = [f for f in names if str(out).strip() and (Path(out) / f).exists()]
+    if done and not overwrite:
+        raise ConfigError(f"{out} holds {what} ({', '.join(done)}): choose another --out, or --overwrite to replace it")
+
+
 class RunLock:
     """``with RunLock(out):`` the folder is this launcher's (an exclusive ``flock`` on ``out/.psring.lock``,
     released by the kernel even if the launcher is SIGKILLed); another launcher is refused meanwhile."""
