@@ -147,10 +147,10 @@ def test_a_replay_refused_in_the_folder_it_made_leaves_none_and_a_write_error_is
 
     for replay, needle in ((refused, "own check"), (disk_full, "no space left")):
         with pytest.raises(ConfigError, match=needle):
-            write_replay(tmp_path / "new", False, replay)
+            write_replay(tmp_path / "new", replay)
         assert not (tmp_path / "new").exists()
     kept = tmp_path / "kept"
     kept.mkdir()
     with pytest.raises(ConfigError):
-        write_replay(kept, False, refused)
+        write_replay(kept, refused)
     assert kept.is_dir()  # the user's (empty) folder stays

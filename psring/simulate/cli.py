@@ -77,14 +77,13 @@ def check_out(out: Path, overwrite: bool) -> None:
                           f"replaces it)")
 
 
-def write_replay(out: Path, overwrite: bool, replay):
-    """``replay()``'s run folder ``out``, checked (``check_out``) and made (``fileio.out_folder``) before anything
-    is written, held (``launch.outdir.RunLock``: no launcher writes it meanwhile) and cleared of what an earlier
+def write_replay(out: Path, replay):
+    """``replay()``'s run folder ``out`` (``check_out`` let it), made (``fileio.out_folder``) before anything is
+    written, held (``launch.outdir.RunLock``: no launcher writes it meanwhile) and cleared of what an earlier
     run left there, as ``psring train`` clears it (its rank files would be merged into this run's steps)."""
     from ..fileio import WriteError, out_folder
     from ..launch.outdir import RunLock, prepare_out
 
-    check_out(out, overwrite)
     made = not out.exists()
     out_folder(out)
     try:
@@ -119,8 +118,7 @@ def cmd_simulate(a) -> int:
     if not str(a.out).strip():
         raise ConfigError("--out is empty: give a folder")
     out = Path(a.out)
-    if (out / "summary.json").exists() and not a.overwrite:  # at once; check_out below reads the rest
-        raise ConfigError(f"{out} holds a finished run; pass --overwrite to replace it, or another --out")
+    check_out(out, a.overwrite)  # at once: before the config's checks and the replay's imports
     cfg = cfg if cfg is not None else config_from_args(a)
     update_ms = a.update_ms
     if update_ms is None:  # --from: the run's own update (its calibration, as its alpha)
@@ -133,7 +131,7 @@ def cmd_simulate(a) -> int:
 
         return simulate(cfg, out, a.jitter, alpha_us, readiness=a.readiness, update_s=update_ms / 1000)
 
-    s = write_replay(out, a.overwrite, replay)
+    s = write_replay(out, replay)
 
     def fmt(x, spec):  # None: not measured, or not a finite number
         return "n/a" if x is None else format(x, spec)
