@@ -1,6 +1,8 @@
 """``psring bench`` and ``psring calibrate`` on bad input: one line on stderr and exit 2, before any process
 starts or anything is written; a finished bench's or calibration's results are refused, not replaced, unless
-``--overwrite``. Each command runs as a user runs it (a subprocess with a timeout: a hang fails the test)."""
+``--overwrite``. The refusals run in this process (``psring.cli.main``, ``psring.calibrate.main``: a hang fails at
+pytest's timeout); one case of each command, and every case that measures, runs as a user runs it, a subprocess with
+a timeout, for the exit code a shell sees."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import sys
 
 import pytest
 
+from psring import calibrate, cli
 from psring.bench.runner import parse_size, size_range
 
 TINY = ["--workers", "2", "--strategies", "allreduce", "--iters", "1", "--warmup", "0"]
@@ -24,15 +27,21 @@ def one_line_error(r: subprocess.CompletedProcess, prefix: str, *needles: str) -
     return lines[0]
 
 
-def run_in(psring, cwd, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """``psring.run`` from the folder ``cwd`` (where an ``--out ''`` would write, were it not refused)."""
-    p = psring.start(*args, cwd=cwd)
+def in_process(capsys, main, *args: str) -> subprocess.CompletedProcess:
+    """``main(args)`` (``cli.main`` or ``calibrate.main``) in this process, as a finished command: its exit code
+    (argparse's ``SystemExit`` too) and what it printed."""
+    capsys.readouterr()
     try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        psring.reap()
-        pytest.fail(f"psring {' '.join(args)} did not finish in {timeout} s")
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        rc = main(list(args))
+    except SystemExit as e:
+        rc = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["psring", *args], rc, out, err)
+
+
+def psring_main(capsys, *args: str) -> subprocess.CompletedProcess:
+    """``psring ARGS`` in this process."""
+    return in_process(capsys, cli.main, *args)
 
 
 def calibrate_module(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -63,27 +72,34 @@ def test_size_range_still_ends_at_the_largest_size():
 
 # --- psring bench: bad flags -----------------------------------------------------------------------------
 
+def test_a_refused_bench_exits_2_with_one_line_in_a_shell(psring, tmp_path):
+    out = tmp_path / "bench"
+    r = psring.run("bench", *TINY, "--factor", "1", "--min-size", "4K", "--max-size", "16K", "--out", str(out),
+                   timeout=30)  # (a factor below 2 used to hang: in a subprocess, which the timeout kills)
+    one_line_error(r, "psring: error:", "--factor must be >= 2, got 1")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args,needle", [
-    (["--factor", "1", "--min-size", "4K", "--max-size", "16K"], "--factor must be >= 2, got 1"),
-    (["--factor", "0"], "--factor must be >= 2, got 0"),
     (["--sizes", "1e400"], "--sizes: size '1e400' is not a finite number"),
     (["--sizes", ""], "--sizes is empty"),
     (["--min-size", "1M", "--max-size", "4K"], "the smallest size 1M (--min-size) is above the largest 4K"),
     (["--sizes", "8K", "--chunk", "1e400"], "--chunk: size '1e400'"),
 ])
-def test_bad_bench_sizes_and_counts_are_one_line(psring, tmp_path, args, needle):
+def test_bad_bench_sizes_and_counts_are_one_line(capsys, tmp_path, args, needle):
     out = tmp_path / "bench"
-    r = psring.run("bench", *TINY, *args, "--out", str(out), timeout=30)  # (a factor below 2 used to hang)
+    r = psring_main(capsys, "bench", *TINY, *args, "--out", str(out))
     one_line_error(r, "psring: error:", needle)
     assert not out.exists()
 
 
-def test_bench_out_at_a_file_or_where_no_folder_can_be_made_is_one_line(psring, tmp_path):
+def test_bench_out_at_a_file_or_where_no_folder_can_be_made_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # where an --out '' would write, were it not refused
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
     for out, needle in ((afile, "a file is in the way"), (afile / "sub", "cannot make the folder"),
                         ("/proc/psring-test-bench", "cannot make the folder"), ("", "--out is empty")):
-        r = run_in(psring, tmp_path, "bench", *TINY, "--sizes", "8K", "--out", str(out))
+        r = psring_main(capsys, "bench", *TINY, "--sizes", "8K", "--out", str(out))
         one_line_error(r, "psring: error:", needle)
     assert afile.read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # (--out '': nothing in the cwd either)
@@ -92,12 +108,12 @@ def test_bench_out_at_a_file_or_where_no_folder_can_be_made_is_one_line(psring, 
 # --- psring bench: a finished bench is refused unless --overwrite -------------------------------------------
 
 @pytest.mark.parametrize("done", ["bench.csv", "bench.txt"])
-def test_bench_refuses_a_folder_holding_a_finished_bench(psring, tmp_path, done):
+def test_bench_refuses_a_folder_holding_a_finished_bench(capsys, tmp_path, done):
     out = tmp_path / "earlier"
     out.mkdir()
     earlier = b"strategy,workers,size_bytes,time_s\nallreduce,2,8192,0.001\n"
     (out / done).write_bytes(earlier)
-    r = psring.run("bench", *TINY, "--sizes", "8K", "--out", str(out), timeout=60)
+    r = psring_main(capsys, "bench", *TINY, "--sizes", "8K", "--out", str(out))
     one_line_error(r, "psring: error:", str(out), done, "another --out", "--overwrite")
     assert (out / done).read_bytes() == earlier
     assert [p.name for p in out.iterdir()] == [done]  # no spec, no log, no worker: nothing started
@@ -127,10 +143,10 @@ def test_bench_overwrite_replaces_the_earlier_bench(psring, tmp_path):
     (b"[grid]\nsync = ['ps']\n", ["no [bench] table"]),
     (b"[bench\n", ["not valid TOML"]),
 ])
-def test_bad_bench_file_is_one_line_naming_the_file_and_key(psring, tmp_path, content, needles):
+def test_bad_bench_file_is_one_line_naming_the_file_and_key(capsys, tmp_path, content, needles):
     file, out = tmp_path / "bench.toml", tmp_path / "bench"
     file.write_bytes(content)
-    r = psring.run("bench", str(file), "--out", str(out), timeout=60)
+    r = psring_main(capsys, "bench", str(file), "--out", str(out))
     one_line_error(r, "psring: error:", str(file), *needles)
     assert not out.exists()
 
@@ -138,7 +154,7 @@ def test_bad_bench_file_is_one_line_naming_the_file_and_key(psring, tmp_path, co
 def test_a_flag_still_wins_over_the_bench_file(psring, tmp_path):
     file, out = tmp_path / "bench.toml", tmp_path / "bench"
     file.write_text("[bench]\nfactor = 1\n")  # overridden below: only the flag's value is checked
-    r = psring.run("bench", str(file), "--factor", "0", "--out", str(out), timeout=60)
+    r = psring.run("bench", str(file), "--factor", "0", "--out", str(out), timeout=30)  # (in a subprocess: as above)
     line = one_line_error(r, "psring: error:", "--factor must be >= 2, got 0")
     assert str(file) not in line
 
@@ -155,9 +171,9 @@ def test_a_flag_still_wins_over_the_bench_file(psring, tmp_path):
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--sizes", ""], "--sizes is empty"),
 ])
-def test_bad_calibrate_flags_are_one_line(psring, tmp_path, args, needle):
+def test_bad_calibrate_flags_are_one_line(capsys, tmp_path, args, needle):
     out = tmp_path / "cal"
-    r = psring.run("calibrate", "--out", str(out), *args, timeout=60)
+    r = psring_main(capsys, "calibrate", "--out", str(out), *args)
     one_line_error(r, "psring: error:", needle)  # (checked by psring calibrate before any network is built)
     assert not out.exists()
 
@@ -168,18 +184,20 @@ def test_bad_calibrate_flags_are_one_line(psring, tmp_path, args, needle):
     (["--timeout", "nan"], "--timeout must be a number of seconds above 0"),
     (["--warmup", "-1"], "--warmup must be >= 0"),
 ])
-def test_bad_calibrate_module_flags_are_one_line(tmp_path, args, needle):
+def test_bad_calibrate_module_flags_are_one_line(capsys, tmp_path, args, needle):
     out = tmp_path / "cal"
-    one_line_error(calibrate_module("--out", str(out), *args), "psring calibrate: error:", needle)
+    r = in_process(capsys, calibrate.main, "--out", str(out), *args)
+    one_line_error(r, "psring calibrate: error:", needle)
     assert not out.exists()
 
 
-def test_calibrate_out_at_a_file_or_where_no_folder_can_be_made_is_one_line(psring, tmp_path):
+def test_calibrate_out_at_a_file_or_where_no_folder_can_be_made_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     afile = tmp_path / "afile"
     afile.write_text("mine\n")
     for out, needle in ((afile, "a file is in the way"), ("/proc/psring-test-calibrate", "cannot make the folder"),
                         ("", "--out is empty")):
-        r = run_in(psring, tmp_path, "calibrate", "--out", str(out), "--sizes", "64,4K", "--repeats", "1")
+        r = psring_main(capsys, "calibrate", "--out", str(out), "--sizes", "64,4K", "--repeats", "1")
         one_line_error(r, "psring: error:", needle)  # (psring calibrate makes --out before any network)
     assert afile.read_text() == "mine\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
