@@ -109,7 +109,7 @@ def figure_links(run_dir: Path, shown: int = SHOWN_STEPS, bin_s: float = BIN_S):
         np.add.at(seen, idx[d["host"].to_numpy() == 0], d["dt"].to_numpy()[d["host"].to_numpy() == 0])
         grid /= np.outer(rates, np.where(seen > 0, seen, np.nan))
         mesh = ax.pcolormesh(np.arange(bins + 1) * bin_s, np.arange(len(labels) + 1) - 0.5, grid, cmap="magma",
-                             vmin=0, vmax=1, shading="flat")
+                             vmin=0, vmax=1, shading="flat", rasterized=True)  # an image in an SVG, not 5,000 cells
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(len(labels) - 0.5, -0.5)
         for e in ends:
