@@ -143,11 +143,9 @@ def overlap_of(row) -> str:
 def param_bytes(model: str, num_classes: int = 10, image_size: int | None = None) -> tuple[int, ...]:
     """The bytes of each trainable parameter of ``model``, in forward (registration) order; shapes only
     (built on the meta device)."""
-    import torch
+    from .train.models import build_model, shapes_only
 
-    from .train.models import build_model
-
-    with torch.device("meta"):
+    with shapes_only():
         m = build_model(model, 0, num_classes, image_size)
     return tuple(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
 

@@ -68,12 +68,10 @@ def check_model(cfg) -> None:
         if refusal := side_problem(cfg.model, cfg.input_size):
             raise ConfigError(refusal)
         return
-    import torch
-
-    from .train.models import model_of
+    from .train.models import model_of, shapes_only
 
     try:
-        with torch.device("meta"):
+        with shapes_only():
             model_of(cfg, seed=0)
     except ValueError as e:
         raise ConfigError(str(e)) from None
@@ -175,12 +173,10 @@ def param_spaces(cfg) -> tuple[list[list[int]], list[int]]:
 
     if cfg.model in MODEL_BYTES and cfg.classes == 10 and not cfg.image_size:
         return [[MODEL_BYTES[cfg.model] // 4]], [4]
-    import torch
-
     from .sync.buckets import flat_layout, space_sizes
-    from .train.models import model_of
+    from .train.models import model_of, shapes_only
 
-    with torch.device("meta"):
+    with shapes_only():
         model = model_of(cfg, seed=0)
     return space_sizes(flat_layout(model.named_parameters()))
 

@@ -25,13 +25,11 @@ SMALL_BYTES = 64 << 10  # a tensor under 64 KB: its per-message cost outweighs i
 def model_facts(model: str, servers: int = 4, bucket_mb: float = 25.0, first_bucket_mb: float = 1.0,
                 ps_chunk_mb: float = 4.0, num_classes: int = 10, image_size: int | None = 32) -> dict:
     """The facts of ``model`` (a built-in name or a ``MODULE:FACTORY``) as a flat dict (see the module doc)."""
-    import torch
-
     from .sync.buckets import flat_layout, param_ranges, space_sizes
     from .sync.ps.sharding import plan_chunks
-    from .train.models import build_model
+    from .train.models import build_model, shapes_only
 
-    with torch.device("meta"):
+    with shapes_only():
         m = build_model(model, 0, num_classes, image_size)
     layout = flat_layout(m.named_parameters())
     sizes, itemsizes = space_sizes(layout)

@@ -154,3 +154,28 @@ def test_the_imagenet_models_train(name, lr):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_shapes_only_builds_every_model_as_a_real_build_would_without_torch_dynamo():
+    """``models.shapes_only`` (the launcher's checks count parameters with it): the same names, shapes, dtypes and
+    trainable flags as a real build, for every built-in model and a zoo factory, in a process that then has not
+    imported torch._dynamo (torch's meta kernel of ``normal_`` imports it: 2-3 s of CPU per launch)."""
+    code = """if True:
+        import sys, torch
+        from psring.train.models import MODELS, build_model, shapes_only
+        def facts(m):
+            return [(n, tuple(p.shape), p.dtype, p.requires_grad) for n, p in m.named_parameters()]
+        for name in [*MODELS, "psring.train.zoo:inception_v3"]:
+            with shapes_only():
+                meta = build_model(name, 0, 10, 75 if "inception" in name else 32)
+            assert all(p.is_meta for p in meta.parameters()), name
+            assert facts(meta) == facts(build_model(name, 0, 10, 75 if "inception" in name else 32)), name
+        assert "torch._dynamo" not in sys.modules
+        with torch.device("meta"):
+            torch.empty(3).normal_()  # (what shapes_only skips: without it, it is imported)
+        assert "torch._dynamo" in sys.modules
+    """
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -40,11 +40,9 @@ def model_bytes(model: str, cfg: TrainConfig | None = None) -> int:
     on the meta device (``cfg``'s classes and input size where given)."""
     if model in MODEL_BYTES and (cfg is None or (cfg.num_classes in (None, 10) and not cfg.image_size)):
         return MODEL_BYTES[model]
-    import torch
+    from ..train.models import build_model, model_of, shapes_only
 
-    from ..train.models import build_model, model_of
-
-    with torch.device("meta"):
+    with shapes_only():
         m = model_of(cfg) if cfg is not None else build_model(model, 0)
     return sum(p.numel() * p.element_size() for p in m.parameters())
 

@@ -16,12 +16,10 @@ def link_Bps(rate: str) -> float:
 
 def layout_of(cfg: TrainConfig):
     """The model's flat gradient layout (``buckets.flat_layout``), built on the meta device."""
-    import torch
-
     from ..sync.buckets import flat_layout
-    from ..train.models import model_of
+    from ..train.models import model_of, shapes_only
 
-    with torch.device("meta"):
+    with shapes_only():
         return flat_layout(model_of(cfg).named_parameters())
 
 

@@ -33,7 +33,7 @@ def param_weights(cfg, readiness: str) -> dict[str, float] | None:
     from torch import nn
 
     from ..config import ConfigError
-    from ..train.models import model_of
+    from ..train.models import model_of, shapes_only
 
     macs: dict[int, float] = {}
 
@@ -42,8 +42,9 @@ def param_weights(cfg, readiness: str) -> dict[str, float] | None:
             mod.in_channels // mod.groups * mod.kernel_size[0] * mod.kernel_size[1]
         macs[id(mod)] = macs.get(id(mod), 0.0) + float(out.numel()) * per_out
 
-    with torch.device("meta"):
+    with shapes_only():
         model = model_of(cfg).eval()  # (a norm over a batch of one is fine in eval mode)
+    with torch.device("meta"):
         layers = [m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         hooks = [m.register_forward_hook(count) for m in layers]
         try:

@@ -15,6 +15,7 @@ ImageNet-class (default input 224x224, torchvision's parameter counts at 1,000 c
 """
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -133,6 +134,33 @@ def model_of(cfg, seed: int | None = None) -> nn.Module:
     model = build_model(cfg.model, cfg.seed if seed is None else seed, cfg.classes, cfg.input_size)
     check_float32(model)
     return model
+
+
+# In-place initialisers a model's constructor runs on its parameters. On the meta device they have nothing to fill,
+# and torch's meta kernel of normal_ (torch._refs, wrapped in torch._compile._disable_dynamo) imports torch._dynamo at
+# its first call: 2-3 s of CPU in a process that builds no optimizer (the launcher; a PS worker or server).
+RANDOM_INITS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
+                          "cauchy_", "erfinv_"})
+
+
+class _MetaInitSkipped(torch.overrides.TorchFunctionMode):
+    """Leaves a meta tensor's ``torch.nn.init`` calls and random in-place fills undone (it has no values)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        target = args[0] if args else (kwargs or {}).get("tensor")
+        if (isinstance(target, torch.Tensor) and target.is_meta
+                and (getattr(func, "__module__", None) == "torch.nn.init"
+                     or getattr(func, "__name__", "") in RANDOM_INITS)):
+            return target
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Models built inside are on the meta device, their initialisation skipped: parameters' names, shapes and
+    dtypes only (what the launcher's checks count), no memory, no values."""
+    with torch.device("meta"), _MetaInitSkipped():
+        yield
 
 
 def check_float32(model: nn.Module) -> None:
