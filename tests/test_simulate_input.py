@@ -4,6 +4,7 @@ rates of zero, a link delay, ``--from`` a folder that holds no run. Each is one 
 written and what was there byte for byte as it was."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 from psring.config import ConfigError, TrainConfig
 from psring.simulate.checks import check, check_rate
 
+RESULTS = Path(__file__).resolve().parent.parent / "results"
 TINY = ["simulate", "--model", "cnn", "--steps", "3", "--warmup", "1", "--batch-size", "8", "--workers", "2",
         "--compute", "emulated:20"]
 
@@ -121,6 +123,29 @@ def test_the_replays_own_checks_refuse_zero_and_endless_rates_and_any_delay():
         cfg.link_delay = delay
         with pytest.raises(ConfigError, match="does not replay --link-delay"):
             check(cfg)
+    cfg.link_delay = None
+    for field, flag, value in (("resume", "--resume", "runs/earlier"), ("checkpoint_every", "--checkpoint-every", 5)):
+        with pytest.raises(ConfigError, match=f"neither resumes nor writes checkpoints \\(got {flag} {value}\\)"):
+            check(dataclasses.replace(cfg, **{field: value}))
+
+
+def test_a_run_that_resumed_and_checkpointed_is_replayed_from_step_0(tmp_path, capsys):
+    """``--from`` a run whose config has ``--resume`` and ``--checkpoint-every``: replayed (from step 0, writing
+    no checkpoint), not refused for flags its user never gave psring simulate."""
+    import shutil
+
+    from psring import cli
+
+    src = RESULTS / "bandwidth" / "runs" / "sync-allreduce_workers-4_servers-1_link_rate-100mbit"
+    run = tmp_path / "res" / "runs" / src.name
+    run.mkdir(parents=True)
+    shutil.copy(RESULTS / "bandwidth" / "calibration.json", tmp_path / "res")
+    shutil.copy(src / "summary.json", run)
+    cfg = json.loads((src / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**cfg, "resume": str(run), "checkpoint_every": 2}))
+    assert cli.main(["simulate", "--from", str(run), "--out", str(tmp_path / "r")]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["steps_completed"] == cfg["steps"]
+    assert not (tmp_path / "r" / "checkpoint").exists()
 
 
 @pytest.mark.parametrize("what, needle", [("empty", "holds no run (no config.json"), ("missing", "no such folder"),

@@ -51,6 +51,10 @@ def check(cfg: TrainConfig) -> float:
     if cfg.link_delay is not None:  # nothing in the replay reads it: refused rather than left out unsaid
         raise ConfigError(f"psring simulate does not replay --link-delay (got {cfg.link_delay!r}): its links have "
                           f"no propagation delay; drop it, or add it to the per-message --alpha-us")
+    for flag, value in (("--resume", cfg.resume), ("--checkpoint-every", cfg.checkpoint_every)):
+        if value:  # likewise: a replay starts at step 0 and writes no checkpoint
+            raise ConfigError(f"psring simulate neither resumes nor writes checkpoints (got {flag} {value}): a replay "
+                              f"starts at step 0; drop {flag}")
     burst_bytes(cfg.link_burst)
     return ms / 1000
 

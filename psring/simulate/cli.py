@@ -110,7 +110,8 @@ def cmd_simulate(a) -> int:
             raise ConfigError("--from is empty: give a run folder psring train or sweep wrote")
         cfg, alpha_us = replay_of(Path(a.from_run), a.alpha_us)
         a.out = f"runs/sim-{Path(a.from_run).name}" if a.out is None else a.out
-        cfg = dataclasses.replace(cfg, out=a.out).validate()
+        # (a replay writes no checkpoint and starts at step 0, whatever the run did)
+        cfg = dataclasses.replace(cfg, out=a.out, resume=None, checkpoint_every=0).validate()
     else:
         a.net = "emulated"  # the cluster simulated is the emulated one: hosts behind shaped links
         a.out = f"runs/sim-{a.sync}-n{a.workers}" if a.out is None else a.out
