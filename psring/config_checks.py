@@ -3,6 +3,8 @@ fine, else the rest of a one-line message (``options.Option.check``), or raises 
 checks that read several options at once (``check_ps``, ``check_compress``)."""
 from __future__ import annotations
 
+import math
+
 from .link_checks import link_burst, link_delay, link_rate  # noqa: F401 - config.py's checks
 from .options import ConfigError
 
@@ -28,10 +30,10 @@ def compute(v: str) -> str | None:
     if mode not in ("real", "emulated") or (ms and mode != "emulated"):
         return f"must be real, emulated or emulated:MS, got {v!r}"
     try:
-        ok = not ms or float(ms) > 0
+        ok = not ms or 0 < float(ms) < math.inf  # (inf: a step that never ends)
     except ValueError:
         ok = False
-    return None if ok else f"emulated:MS needs a positive number of milliseconds, got {ms!r}"
+    return None if ok else f"emulated:MS needs a finite positive number of milliseconds, got {ms!r}"
 
 
 def model_name(v: str) -> str | None:
@@ -244,8 +246,9 @@ def check_straggler(cfg) -> None:
         r, f = int(rank), float(factor)
     except ValueError:
         raise ConfigError(f"--straggler must be RANK:FACTOR, e.g. 1:3, got {cfg.straggler!r}") from None
-    if not (0 <= r < cfg.workers and f >= 1):
-        raise ConfigError(f"--straggler {cfg.straggler}: rank must be in 0..{cfg.workers - 1} and factor >= 1")
+    if not (0 <= r < cfg.workers and 1 <= f < math.inf):
+        raise ConfigError(f"--straggler {cfg.straggler}: rank must be in 0..{cfg.workers - 1} and factor a finite "
+                          f"number >= 1")
 
 
 def check_data(cfg) -> None:

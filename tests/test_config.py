@@ -122,7 +122,9 @@ def one_line_error(*args: str) -> str:
     (["--sync", "ps", "--servers", "0"], "--servers must be >= 1"),
     (["--betas", "0.9", "1.0"], "--betas must be two numbers in [0, 1)"),
     (["--compute", "emulated:0"], "positive number of milliseconds"),
+    (["--compute", "emulated:inf"], "finite positive number of milliseconds, got 'inf'"),
     (["--straggler", "1:3"], "rank must be in 0..0"),
+    (["--workers", "2", "--straggler", "1:inf"], "factor a finite number >= 1"),
 ])
 def test_refusals_are_one_line(args, needle):
     assert needle in one_line_error(*args)
