@@ -34,6 +34,7 @@ import json
 import math
 import re
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -241,6 +242,7 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[
         runs = [{**r, "net": "emulated"} for r in runs]
     chosen = select(runs, parse_only(only, CONFIG_KEYS | (SIM_KEYS if simulated else set())), _setting)
     from .launch.launcher import LaunchError, launch
+    from .simulate.cli import write_replay  # (held and cleared as psring simulate's --out)
     from .simulate.run import simulate
     from .simulate.sweep_runs import other_kind, sim_settings
 
@@ -273,8 +275,8 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[
                 if (run_dir / "summary.json").exists():  # finished: run again, or under another config
                     print(f"{where}: its finished run moved to {move_aside(run_dir, out_dir)}", flush=True)
                 # overwrite: only a run this sweep itself left unfinished
-                row.update(status="ok", error="", **(simulate(cfg, run_dir, **sim) if simulated else
-                                                      launch(cfg, echo=echo, overwrite=True)))
+                row.update(status="ok", error="", **(write_replay(run_dir, partial(simulate, cfg, run_dir, **sim))
+                                                      if simulated else launch(cfg, echo=echo, overwrite=True)))
             except (LaunchError, ConfigError) as e:
                 row.update(status="failed", error=str(e))
                 print(f"{where}: FAILED: {e}", flush=True)

@@ -167,3 +167,25 @@ def test_a_replayed_sweep_into_a_measured_sweeps_folder_is_refused_before_writin
             run_sweep(str(f), str(out), listing=listing)
     assert (out / "runs.csv").read_text() == "run_id,status\nmine,ok\n"
     assert sorted(p.name for p in (out / "runs").iterdir()) == [measured.name]
+
+
+def test_a_replayed_run_is_held_and_cleared_as_psring_simulate_holds_and_clears_its_out(tmp_path):
+    """A replayed sweep's run goes through ``simulate.cli.write_replay``: a folder a running launcher holds is that
+    run's failure (one line, the other runs go on), and what an unfinished earlier run left is cleared first."""
+    from psring.launch.outdir import RunLock
+
+    f, out = sweep_file(tmp_path), tmp_path / "out"
+    ids = {(r["sync"], r["workers"]): r["run_id"] for r in run_sweep(str(f), str(out),
+                                                                         only=["sync=none"]).to_dict("records")}
+    held, stale = out / "runs" / ids[("ps", 2)], out / "runs" / ids[("ring", 4)]
+    (stale / "ranks").mkdir(parents=True)
+    (stale / "ranks" / "steps_rank7.jsonl").write_text('{"rank": 7}\n')  # an unfinished N = 8 run's, say
+    (stale / "links.jsonl").write_text("{}\n")
+    with RunLock(held):
+        df = run_sweep(str(f), str(out))
+    by = df.set_index("run_id")
+    assert by.loc[ids[("ps", 2)], "status"] == "failed" and "in use by a running psring train" in \
+        by.loc[ids[("ps", 2)], "error"]
+    assert (by.drop(index=ids[("ps", 2)])["status"] == "ok").all()
+    assert not (stale / "ranks" / "steps_rank7.jsonl").exists() and not (stale / "links.jsonl").exists()
+    assert set(pd.read_json(stale / "steps.jsonl", lines=True)["rank"]) == {0, 1, 2, 3}
