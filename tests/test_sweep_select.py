@@ -179,7 +179,7 @@ def test_a_replayed_run_is_held_and_cleared_as_psring_simulate_holds_and_clears_
                                                                          only=["sync=none"]).to_dict("records")}
     held, stale = out / "runs" / ids[("ps", 2)], out / "runs" / ids[("ring", 4)]
     (stale / "ranks").mkdir(parents=True)
-    (stale / "ranks" / "steps_rank7.jsonl").write_text('{"rank": 7}\n')  # an unfinished N = 8 run's, say
+    (stale / "ranks" / "rank7.jsonl").write_text('{"rank": 7, "step": 0}\n')  # an unfinished N = 8 run's, say
     (stale / "links.jsonl").write_text("{}\n")
     with RunLock(held):
         df = run_sweep(str(f), str(out))
@@ -187,5 +187,5 @@ def test_a_replayed_run_is_held_and_cleared_as_psring_simulate_holds_and_clears_
     assert by.loc[ids[("ps", 2)], "status"] == "failed" and "in use by a running psring train" in \
         by.loc[ids[("ps", 2)], "error"]
     assert (by.drop(index=ids[("ps", 2)])["status"] == "ok").all()
-    assert not (stale / "ranks" / "steps_rank7.jsonl").exists() and not (stale / "links.jsonl").exists()
+    assert not (stale / "ranks" / "rank7.jsonl").exists() and not (stale / "links.jsonl").exists()
     assert set(pd.read_json(stale / "steps.jsonl", lines=True)["rank"]) == {0, 1, 2, 3}
