@@ -100,3 +100,18 @@ def test_overlap_floor_table_without_its_columns_is_one_line_error(tmp_path):
     (tmp_path / "overlap_floor.csv").write_text("kind,mode\npsring,full\n")
     with pytest.raises(ValueError, match="missing column"):
         load_overlap_floor(tmp_path)
+
+
+def test_a_start_at_far_ahead_is_refused_not_slept_on(tmp_path, capsys):
+    """``--start-at`` is time.time() in seconds: one far ahead (milliseconds given, say) is an error, not a sleep
+    of years, in both paced workers."""
+    import time
+
+    from psring.bench import paced, reduce_paced
+
+    far = str(time.time() * 1000)
+    for main, extra in ((paced.main, ["--addrs", "a.json", "--chunk", "1024"]),
+                        (reduce_paced.main, ["--partition", "1024", "--link-Bps", "1e8"])):
+        with pytest.raises(SystemExit) as e:
+            main(["--sizes", "s.json", *extra, "--start-at", far, "--out", str(tmp_path / "o")])
+        assert e.value.code == 2 and "is more than 60 s from now" in capsys.readouterr().err

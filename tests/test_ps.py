@@ -395,3 +395,22 @@ def test_store_sgd_is_bit_exact_with_torch_sgd():
         p.grad = g.clone()
         opt.step()
         assert torch.equal(store.params["w"], p.detach()), f"step {t}"
+
+
+def test_sends_to_a_server_that_is_gone_fail_in_the_timeout_not_never():
+    """zmq queues a DEALER's messages for a server that is not (or no longer) there until 1,000 wait; the next
+    send blocked for good (a pump with no window sends every chunk of a step at once). Now: ``PSError`` after
+    ``timeout_s``."""
+    import time
+
+    from psring.launch.launcher import free_port
+
+    c = PSClient([f"tcp://127.0.0.1:{free_port()}"], worker=0, timeout_s=0.3)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(PSError, match="did not answer within"):
+            for _ in range(1500):
+                c.send(0, {"op": "pull", "version": 0})
+        assert time.monotonic() - t0 < 5
+    finally:
+        c.close()

@@ -47,6 +47,7 @@ from ..strategies import OVERLAPS
 MODES = OVERLAPS  # --overlap's modes: none, backward, full
 NONE, BACKWARD, FULL = MODES
 REPLY_TIMEOUT_S = 60.0  # no reply for this long: a server is gone
+START_WITHIN_S = 60.0  # a --start-at further ahead is a mistake (milliseconds for seconds), not a wait
 
 
 class PacedWorker:
@@ -57,6 +58,7 @@ class PacedWorker:
         for a in addrs:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = 0
+            s.sndtimeo = int(REPLY_TIMEOUT_S * 1000)  # (with no --credits a send blocks past 1,000 waiting)
             s.connect(a)
             self.socks.append(s)
         self.poller = zmq.Poller()
@@ -93,10 +95,15 @@ class PacedWorker:
             k = heapq.heappop(self.ready)
             s = k % len(self.socks)
             lo, hi = self.bounds[k]
-            if self.keyed:
-                self.socks[s].send_multipart([k.to_bytes(4, "little"), memoryview(self.grads[lo:hi])], copy=False)
-            else:
-                self.socks[s].send(memoryview(self.grads[lo:hi]), copy=False)
+            try:
+                if self.keyed:
+                    self.socks[s].send_multipart([k.to_bytes(4, "little"), memoryview(self.grads[lo:hi])], copy=False)
+                else:
+                    self.socks[s].send(memoryview(self.grads[lo:hi]), copy=False)
+            except zmq.Again:
+                raise TimeoutError(f"echo server {s} took no chunk in {REPLY_TIMEOUT_S:.0f} s: is it running?") \
+                    from None
+            if not self.keyed:
                 self.sent[s].append(k)
             self.waiting += 1
 
@@ -173,6 +180,12 @@ class PacedWorker:
         return starts
 
 
+def check_start_at(ap: argparse.ArgumentParser, start_at: float) -> None:
+    """``--start-at`` within ``START_WITHIN_S`` of now (its sleep is otherwise unbounded)."""
+    if not start_at - time.time() <= START_WITHIN_S:
+        ap.error(f"--start-at {start_at} is more than {START_WITHIN_S:.0f} s from now (time.time(), in seconds)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--addrs", required=True, help="JSON file: the echo servers' addresses")
@@ -188,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-at", type=float, required=True, help="time.time() to start at (all workers alike)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    check_start_at(ap, a.start_at)
     w = PacedWorker(json.loads(Path(a.addrs).read_text()), json.loads(Path(a.sizes).read_text()), a.chunk, a.credits, a.forward, a.backward,
                     a.mode, a.keyed, a.trainer_work)
     try:

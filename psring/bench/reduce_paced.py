@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ..overlap_model import ready_times
 from ..strategies import OVERLAPS
+from .paced import check_start_at
 
 MODES = OVERLAPS  # --overlap's modes: none, backward, full
 NONE, BACKWARD, FULL = MODES
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start-at", type=float, required=True, help="time.time() to start at (all ranks alike)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    check_start_at(ap, a.start_at)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=WAIT_TIMEOUT_S))
     ring = 2 * (world - 1) / world  # bytes on one worker's link per byte reduced

@@ -32,6 +32,7 @@ class PSClient:
         for addr in self.addrs:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = 0
+            s.sndtimeo = self.timeout_ms  # (a send blocks once 1,000 messages wait for a server that is gone)
             if curve:
                 secure_client(s, curve)
             s.connect(addr)
@@ -57,7 +58,10 @@ class PSClient:
         # copy=False: gradient memory goes to the wire as is. The caller keeps the tensors unchanged
         # until the reply to this or a later request of the same server arrived (the server has then
         # received this message in full).
-        send_frames(self.socks[server], [head, *frames])
+        try:
+            send_frames(self.socks[server], [head, *frames])
+        except zmq.Again:
+            raise self._silent(server) from None
         return req
 
     def recv(self, server: int, req: int):
