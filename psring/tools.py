@@ -6,6 +6,7 @@ returns an exit code; user errors raise ``ConfigError`` (one line, exit 2).
 from __future__ import annotations
 
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -29,20 +30,23 @@ def cmd_calibrate(a) -> int:
         return calibrate_main(args)
     if a.net != "emulated":
         raise ConfigError(f"--net must be loopback or emulated, got {a.net!r}")
+    from .launch.children import die_with_parent, raise_interrupt
     from .net import EmulatedNetwork, check_available
 
     check_available()  # NetError (a ConfigError): one line, exit 2
+    old = signal.signal(signal.SIGTERM, raise_interrupt)  # (run() kills its child on the way out)
     net = EmulatedNetwork(2, a.link_rate, cc=a.link_cc).open()
     try:  # the client runs on host 0, the echo server on host 1: every byte crosses both links
         argv = net.exec_prefix(0) + [sys.executable, "-m", "psring.calibrate", *args,
                                      "--prefix", shlex.join(net.exec_prefix(1)), "--address",
                                      f"tcp://{net.hosts[1].addr}"]
-        return subprocess.run(argv, timeout=600).returncode
+        return subprocess.run(argv, timeout=600, preexec_fn=die_with_parent).returncode
     except subprocess.TimeoutExpired:
         print("psring: error: calibration did not finish within 600 s", file=sys.stderr)
         return 1
     finally:
         net.close()
+        signal.signal(signal.SIGTERM, old)
 
 
 def cmd_net(a) -> int:

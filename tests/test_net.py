@@ -392,3 +392,32 @@ def test_cleanup_removes_only_dead_runs():
     finally:
         subprocess.run(["ip", "-force", "-batch", "-"], input=f"netns del {stale}\nnetns del {other}\n",
                        capture_output=True, text=True, timeout=10, check=False)
+
+
+@needs_net
+def test_sigterm_to_calibrate_over_an_emulated_link_stops_its_measuring_child(tmp_path):
+    """``psring calibrate --net emulated`` runs the calibration in a child in the network's namespaces: a SIGTERM to
+    the command stops that child (and its echo server) too, and nothing is written after the command ended."""
+    from conftest import kill_mentioning, processes_mentioning
+
+    out = tmp_path / "cal"
+    p = subprocess.Popen([sys.executable, "-m", "psring", "calibrate", "--net", "emulated", "--link-rate", "10mbit",
+                          "--sizes", "64,4M", "--repeats", "50", "--out", str(out)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not [pid for pid in processes_mentioning(str(out)) if pid != p.pid] and p.poll() is None:
+            assert time.monotonic() < deadline, "the measuring child never started"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 130, p.stderr.read()
+        deadline = time.monotonic() + 10
+        while processes_mentioning(str(out)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not processes_mentioning(str(out))
+        time.sleep(1)
+        assert not (out / "calibration.json").exists()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        kill_mentioning(str(out))

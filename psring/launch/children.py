@@ -21,11 +21,17 @@ from .forked import ForkedProc, fork_child
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec (``Popen(preexec_fn=...)``)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass  # not Linux: stop_all and the children's own timeouts still apply
+
+
+def raise_interrupt(signum, _frame):
+    """A SIGTERM handler (``signal.signal(signal.SIGTERM, raise_interrupt)``): stop as Ctrl-C stops, through
+    every ``finally`` that stops a child."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @dataclass
@@ -68,7 +74,7 @@ class Children:
             with open(log, "w") as f:
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                         stdout=None if stdout_to_terminal else f, stderr=f,
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         child = Child(name, proc, log)
         self.children.append(child)
         return child

@@ -25,7 +25,7 @@ from ..strategies import uses_servers
 from ..train.checkpoint import CheckpointError, check_compatible, last_step, path_of
 from ..train.checkpoint import load as load_checkpoint
 from ..train.datasets import GENERATED
-from .children import Child, Children
+from .children import Child, Children, raise_interrupt
 from .link_sampler import LinkSampler
 from .outdir import RunLock, check_out, prepare_out, resumes_in_place, temp_folders
 from .placement import Placement
@@ -134,10 +134,6 @@ def worker_datasets(cfg: TrainConfig) -> list[dict]:
         ([{**common, "num_samples": None, "split": "test"}] if cfg.eval else [])
 
 
-def _raise_interrupt(signum, _frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def launch(cfg: TrainConfig, echo: bool = True, *, overwrite: bool = False, force: bool = False,
            max_restarts: int = 0) -> dict:
     """Run a whole training job; returns its summary. Raises ``LaunchError`` naming a failed process, and
@@ -157,7 +153,7 @@ def launch(cfg: TrainConfig, echo: bool = True, *, overwrite: bool = False, forc
     base = check_resume(cfg) if cfg.resume else -1
     check_out(out, overwrite, in_place)
     check_train(cfg, force, echo)
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops everything, as Ctrl-C does
+    old = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM stops everything, as Ctrl-C does
     try:
         with RunLock(out):
             prepare_out(out, in_place)
