@@ -172,7 +172,10 @@ class Psring:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                p.wait(10)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:  # (stuck in the kernel: the others are reaped all the same)
+                    pass
         kill_mentioning(str(self.tmp))
 
 

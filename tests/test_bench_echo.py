@@ -2,7 +2,9 @@
 update, the PS's floor), served in a thread on loopback; and a bench run that times that floor."""
 from __future__ import annotations
 
+import contextlib
 import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,29 +18,47 @@ from psring.config import OptimConfig
 TIMEOUT_MS = 10_000
 
 
-def roundtrip(tmp_path, update_bytes: int, rounds: list[list[bytes]]) -> list[list[bytes]]:
-    """Serve an echo in a thread, send each round's frames as one message, return the replies."""
-    pf = tmp_path / f"echo{update_bytes}.addr"
+@contextlib.contextmanager
+def echo_in_thread(pf: Path, update_bytes: int = 0):
+    """An echo server in a daemon thread: (its address, the thread); stopped on the way out (an empty message),
+    even when the test failed, so that its socket and port do not wait out its 20 s idle timeout."""
     th = threading.Thread(target=serve, args=(str(pf), 20.0, "127.0.0.1", update_bytes), daemon=True)
     th.start()
+    for _ in range(200):
+        if pf.exists():
+            break
+        th.join(0.05)
+    addr = pf.read_text().strip()
+    try:
+        yield addr, th
+    finally:
+        if th.is_alive():
+            ctx = zmq.Context()
+            stop = ctx.socket(zmq.DEALER)
+            stop.linger = 0
+            stop.connect(addr)
+            stop.send(b"")
+            th.join(10)
+            ctx.destroy(linger=0)
+
+
+def roundtrip(tmp_path, update_bytes: int, rounds: list[list[bytes]]) -> list[list[bytes]]:
+    """Serve an echo in a thread, send each round's frames as one message, return the replies."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
     try:
-        for _ in range(200):
-            if pf.exists():
-                break
-            th.join(0.05)
-        sock.connect(pf.read_text().strip())
-        replies = []
-        for frames in rounds:
-            sock.send_multipart(frames)
-            assert sock.poll(TIMEOUT_MS), "echo server did not answer"
-            replies.append(sock.recv_multipart())
-        sock.send(b"")  # an empty message stops it
-        th.join(10)
-        assert not th.is_alive()
-        return replies
+        with echo_in_thread(tmp_path / f"echo{update_bytes}.addr", update_bytes) as (addr, th):
+            sock.connect(addr)
+            replies = []
+            for frames in rounds:
+                sock.send_multipart(frames)
+                assert sock.poll(TIMEOUT_MS), "echo server did not answer"
+                replies.append(sock.recv_multipart())
+            sock.send(b"")  # an empty message stops it
+            th.join(10)
+            assert not th.is_alive()
+            return replies
     finally:
         sock.close()
         ctx.term()
@@ -129,21 +149,12 @@ def test_an_echo_round_of_thousands_of_messages_gets_every_echo(tmp_path, monkey
     from psring.bench import worker
 
     monkeypatch.setattr(worker, "ECHO_TIMEOUT_S", 10.0)
-    pf = tmp_path / "echo.addr"
-    th = threading.Thread(target=serve, args=(str(pf), 20.0), daemon=True)
-    th.start()
     ctx = zmq.Context()
     try:
-        for _ in range(200):
-            if pf.exists():
-                break
-            th.join(0.05)
-        socks = worker.connect(ctx, [pf.read_text().strip()])
-        worker.echo_round(socks, memoryview(bytes(3000 * 64)), 64)
-        assert not socks[0].poll(100)  # every echo taken, none left over
-        socks[0].send(b"")  # an empty message stops it
-        th.join(10)
-        assert not th.is_alive()
+        with echo_in_thread(tmp_path / "echo.addr") as (addr, _):
+            socks = worker.connect(ctx, [addr])
+            worker.echo_round(socks, memoryview(bytes(3000 * 64)), 64)
+            assert not socks[0].poll(100)  # every echo taken, none left over
     finally:
         ctx.destroy(linger=0)
 

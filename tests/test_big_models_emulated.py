@@ -15,7 +15,7 @@ RUNS = {"ps": ("--workers", "2", "--servers", "2"), "allreduce": ("--workers", "
 
 @needs_net
 @pytest.mark.parametrize("model,at_once", [("resnet50", 2), ("vit_b_16", 1)])  # ViT: ~3 GB a worker
-def test_every_strategy_runs_the_big_models(psring, tmp_path, no_new_namespaces, model, at_once):  # noqa: F811
+def test_every_strategy_runs_the_big_models(no_new_namespaces, psring, tmp_path, model, at_once):  # noqa: F811
     outs = {sync: tmp_path / sync for sync in RUNS}
     jobs = {sync: ["train", "--sync", sync, *extra, "--model", model, "--image-size", "32", "--net", "emulated",
                    "--link-rate", "10gbit", "--compute", "emulated:50", "--batch-size", "4", "--steps", "3",

@@ -32,10 +32,14 @@ def psring_namespaces(pid: int | None = None) -> list[str]:
 
 @pytest.fixture
 def no_new_namespaces():
-    """Namespaces this test's runs leave behind (others, e.g. of a sweep running beside, are not ours)."""
+    """Namespaces this test's runs leave behind (others, e.g. of a sweep running beside, are not ours). Listed before
+    ``psring`` in a test's arguments, it checks after that fixture reaped the test's runs (fixtures tear down in
+    reverse order): a test failed mid-run then reports its failure, not namespaces its live launcher still held."""
     before = set(psring_namespaces())
     yield
-    left = set(psring_namespaces()) - before
+    deadline = time.monotonic() + 10  # (a killed launcher's reaper deletes them: give it the time)
+    while (left := set(psring_namespaces()) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not left, f"namespaces left behind: {sorted(left)}"
 
 
@@ -44,7 +48,7 @@ def grad_bytes(model: str) -> int:
 
 
 @needs_net
-def test_allreduce_traffic_on_the_wire_is_the_ring_formula(psring, tmp_path, no_new_namespaces):
+def test_allreduce_traffic_on_the_wire_is_the_ring_formula(no_new_namespaces, psring, tmp_path):
     n, out = 3, tmp_path / "ring"
     r = psring.run("train", "--sync", "allreduce", "--workers", str(n), "--net", "emulated", "--link-rate",
                    "1gbit", "--compute", "emulated:20", "--model", "resnet18_narrow", "--steps", "5",
@@ -57,7 +61,7 @@ def test_allreduce_traffic_on_the_wire_is_the_ring_formula(psring, tmp_path, no_
 
 
 @needs_net
-def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(psring, tmp_path, no_new_namespaces):
+def test_ps_runs_on_emulated_hosts_and_server_traffic_crosses_links(no_new_namespaces, psring, tmp_path):
     out = tmp_path / "ps"
     cc = tcp.offered()[0]  # asked for by name, and then said to have run
     r = psring.run("train", "--sync", "ps", "--workers", "2", "--servers", "1", "--net", "emulated",

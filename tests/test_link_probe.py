@@ -122,16 +122,17 @@ def test_every_worker_gets_the_same_probe_from_the_servers():
 
         made = [PSClient([a.address, b.address], w, 10) for w in range(2)]
         got: dict[int, LinkProbe] = {}
+        ts = [threading.Thread(target=lambda w=w: got.setdefault(w, probe_servers(made[w], (1 << 18, 1 << 20))),
+                               daemon=True) for w in range(2)]
         try:
-            ts = [threading.Thread(target=lambda w=w: got.setdefault(w, probe_servers(made[w], (1 << 18, 1 << 20))))
-                  for w in range(2)]
             for t in ts:
                 t.start()
             for t in ts:
                 t.join(30)
-        finally:
-            for c in made:
-                c.close()
+        finally:  # (a client a thread still uses is left to it: zmq sockets are not shared across threads)
+            for c, t in zip(made, ts):
+                if not t.is_alive():
+                    c.close()
         assert set(got) == {0, 1} and got[0] == got[1] and got[0].rate_Bps > 0
         assert a.errors == b.errors == 0
 

@@ -75,6 +75,10 @@ def run_dir(tmp_path_factory):
                     runner.reap()
                     failed[g] = f"psring {' '.join(args)} did not finish in 180 s"
                     continue
+                except BaseException:  # pytest-timeout or Ctrl-C: stop the group, and start it no second time
+                    runner.reap()
+                    failed.update((x, "interrupted") for x in group if x not in done)
+                    raise
                 if p.returncode != 0:
                     failed[g] = f"psring {' '.join(args)} exited {p.returncode}:\n{err}"
                 else:

@@ -65,7 +65,7 @@ def worker_flags(cmd: str) -> list[str]:
 # (--sync allreduce, "runs the same way": the same torchrun path as hierarchical's recipe, whose collectives
 # are its subgroups')
 @pytest.mark.parametrize("sync", ["hierarchical", "ps", "ps-colocated"])
-def test_readme_torchrun_on_two_hosts_equals_psring_train(psring, tmp_path, no_new_namespaces, sync):
+def test_readme_torchrun_on_two_hosts_equals_psring_train(no_new_namespaces, psring, tmp_path, sync):
     servers, run = pick(sync)
     assert "--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d" in run
     flags = worker_flags(run)

@@ -60,7 +60,7 @@ def test_bad_topology_is_one_line_exit_2(psring, tmp_path, argv, msg):
 @needs_net
 # (hierarchical's host link against the kernel: results/topology, tests/test_topology_results.py)
 @pytest.mark.parametrize("sync,extra", [("ps", ("--servers", "2", "--ps-placement", "colocated"))])
-def test_a_hosts_workers_share_its_link_and_the_kernel_counts_the_model(psring, tmp_path, no_new_namespaces,
+def test_a_hosts_workers_share_its_link_and_the_kernel_counts_the_model(no_new_namespaces, psring, tmp_path,
                                                                         sync, extra):
     """2 hosts x 2 workers on 1 Gbit links. hierarchical: a host link carries 2(H-1)/H * M = M each way
     (the two local ranks' halves); colocated PS: the two workers push the half the other host's server

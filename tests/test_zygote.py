@@ -86,11 +86,14 @@ def test_psring_fork_0_and_other_commands_start_afresh(tmp_path, monkeypatch):
 
 def test_stop_all_stops_forked_children(tmp_path):
     kids = Children()
-    child = kids.spawn("server 3", _server(tmp_path, "s3"), {}, tmp_path / "s3.log")
-    wait_for(lambda: (tmp_path / "s3.addr").exists(), 60, "the forked server to listen")
-    t0 = time.monotonic()
-    kids.stop_all(grace_s=5)
-    assert child.returncode is not None and time.monotonic() - t0 < 10
+    try:
+        child = kids.spawn("server 3", _server(tmp_path, "s3"), {}, tmp_path / "s3.log")
+        wait_for(lambda: (tmp_path / "s3.addr").exists(), 60, "the forked server to listen")
+        t0 = time.monotonic()
+        kids.stop_all(grace_s=5)
+        assert child.returncode is not None and time.monotonic() - t0 < 10
+    finally:
+        kids.stop_all()  # (again: a no-op unless the test failed before the first)
     assert not Path(f"/proc/{child.proc.pid}").exists() or "zombie" in Path(f"/proc/{child.proc.pid}/status").read_text()
 
 
