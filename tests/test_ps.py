@@ -414,3 +414,17 @@ def test_sends_to_a_server_that_is_gone_fail_in_the_timeout_not_never():
         assert time.monotonic() - t0 < 5
     finally:
         c.close()
+
+
+def test_a_timeout_beyond_zmqs_int_is_capped_not_an_overflow():
+    """``--timeout`` is any number of seconds above 0; zmq's send timeout is a C int of milliseconds."""
+    from psring.launch.launcher import free_port
+    from psring.sync.ps.client import MAX_TIMEOUT_MS
+
+    c = PSClient([f"tcp://127.0.0.1:{free_port()}"], worker=0, timeout_s=1e10)
+    try:
+        assert c.timeout_ms == MAX_TIMEOUT_MS == c.socks[0].sndtimeo
+        c.set_timeout(5.0)
+        assert c.timeout_ms == 5000 == c.socks[0].sndtimeo
+    finally:
+        c.close()

@@ -16,6 +16,8 @@ from .protocol import (
     unpack_header,
 )
 
+MAX_TIMEOUT_MS = 2**31 - 1  # zmq's timeouts are C ints (a --timeout of 25 days or more waits this long)
+
 
 class PSError(RuntimeError):
     """A server answered with an error, or did not answer in time."""
@@ -25,22 +27,29 @@ class PSClient:
     def __init__(self, addrs: list[str], worker: int, timeout_s: float, frame_bytes: int | None = 1 << 20,
                  curve: str | None = None):
         """``curve``: a key folder (``psring keys``): encrypt, and authenticate as its worker key pair."""
-        self.addrs, self.worker, self.timeout_ms = list(addrs), worker, int(timeout_s * 1000)
+        self.addrs, self.worker = list(addrs), worker
         self.frame_bytes = frame_bytes
         self.ctx = zmq.Context()
         self.socks = []
         for addr in self.addrs:
             s = self.ctx.socket(zmq.DEALER)
             s.linger = 0
-            s.sndtimeo = self.timeout_ms  # (a send blocks once 1,000 messages wait for a server that is gone)
             if curve:
                 secure_client(s, curve)
             s.connect(addr)
             self.socks.append(s)
+        self.set_timeout(timeout_s)
         self._next = 0  # the next request id
         self.early: list[dict] = [{} for _ in self.addrs]  # replies that arrived before the one waited for
         self.acks: list[set[int]] = [set() for _ in self.addrs]  # requests a server said it received (``ack``)
         self.bytes_sent = self.bytes_recv = 0
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """How long a reply, and a send (``sndtimeo``: a send blocks once zmq holds 1,000 messages for a server,
+        for good if it is gone), may take."""
+        self.timeout_ms = min(int(timeout_s * 1000), MAX_TIMEOUT_MS)
+        for s in self.socks:
+            s.sndtimeo = self.timeout_ms
 
     def send(self, server: int, header: dict, named=(), opt_state=(), encoded: tuple | None = None) -> int:
         """Send a request to ``server`` without waiting; returns its request id for ``recv``. ``named``
@@ -118,7 +127,7 @@ class PSClient:
 
     def _silent(self, server: int) -> PSError:
         return PSError(f"PS server {server} ({self.addrs[server]}) did not answer within "
-                       f"{self.timeout_ms / 1000:.0f} s (is it running? is a worker stuck?)")
+                       f"{self.timeout_ms / 1000:g} s (is it running? is a worker stuck?)")
 
     def _take(self, server: int) -> None:
         """Receive one message of ``server`` (it is there) and keep it for the ``recv`` of its request."""

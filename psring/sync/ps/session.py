@@ -252,7 +252,7 @@ def load_params(t: Received, b: Bucket, alias: bool) -> None:
 
 def say_done(client: PSClient) -> None:
     """Tell every server this worker is done (best effort, 5 s at most), then close the sockets."""
-    client.timeout_ms = min(client.timeout_ms, 5000)
+    client.set_timeout(min(client.timeout_ms / 1000, 5.0))
     try:
         reqs = [client.send(s, {"op": "done"}) for s in range(len(client.addrs))]
         for s, req in enumerate(reqs):
