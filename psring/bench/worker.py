@@ -47,10 +47,7 @@ class FlatModel(nn.Module):
             p.grad = torch.randn(p.shape, generator=g) * 1e-3
 
 
-ECHO_TIMEOUT_S = 120.0
-# Messages a socket has unanswered at most in an echo round: under zmq's 1,000-message high-water mark, past which
-# a DEALER's send blocks, for good once its echo server is gone.
-ECHO_IN_FLIGHT = 256
+ECHO_TIMEOUT_S = 120.0  # a send (zmq blocks one once 1,000 messages wait for a server: for good if it is gone), an echo
 
 
 def connect(ctx: zmq.Context, addrs: list[str]) -> list:
@@ -82,31 +79,25 @@ def timed(fns: list, warmup: int, iters: int) -> list[list[float]]:
 
 
 def echo_round(socks: list, payload: memoryview, chunk: int) -> None:
-    """Send ``payload`` split evenly over the echo servers, in pipelined ``chunk``-byte messages (at most
-    ``ECHO_IN_FLIGHT`` unanswered a server); wait for every echo. This is the PS's traffic (M up, M down per
-    worker) with none of its logic."""
+    """Send ``payload`` split evenly over the echo servers, in pipelined ``chunk``-byte messages; wait
+    for every echo. This is the PS's traffic (M up, M down per worker) with none of its logic."""
     per = math.ceil(len(payload) / len(socks))
-    pending = [0] * len(socks)
+    counts = []
     for s, sock in enumerate(socks):
         part = payload[s * per:(s + 1) * per]
+        n = 0
         for off in range(0, len(part), chunk):
-            if pending[s] == ECHO_IN_FLIGHT:
-                _take_echo(sock)
-                pending[s] -= 1
             try:
                 sock.send(part[off:off + chunk], copy=False)
             except zmq.Again:
                 raise TimeoutError(f"echo server took no message within {ECHO_TIMEOUT_S:g} s") from None
-            pending[s] += 1
-    for sock, n in zip(socks, pending):
+            n += 1
+        counts.append(n)
+    for sock, n in zip(socks, counts):
         for _ in range(n):
-            _take_echo(sock)
-
-
-def _take_echo(sock) -> None:
-    if not sock.poll(int(ECHO_TIMEOUT_S * 1000)):
-        raise TimeoutError(f"echo server did not answer within {ECHO_TIMEOUT_S:g} s")
-    sock.recv(copy=False)
+            if not sock.poll(int(ECHO_TIMEOUT_S * 1000)):
+                raise TimeoutError(f"echo server did not answer within {ECHO_TIMEOUT_S:g} s")
+            sock.recv(copy=False)
 
 
 def start_set(kids: Children, out: Path, kind: str, n: int, workers: int, tag: str,
