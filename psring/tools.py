@@ -35,8 +35,9 @@ def cmd_calibrate(a) -> int:
 
     check_available()  # NetError (a ConfigError): one line, exit 2
     old = signal.signal(signal.SIGTERM, raise_interrupt)  # (run() kills its child on the way out)
-    net = EmulatedNetwork(2, a.link_rate, cc=a.link_cc).open()
+    net = None
     try:  # the client runs on host 0, the echo server on host 1: every byte crosses both links
+        net = EmulatedNetwork(2, a.link_rate, cc=a.link_cc).open()
         argv = net.exec_prefix(0) + [sys.executable, "-m", "psring.calibrate", *args,
                                      "--prefix", shlex.join(net.exec_prefix(1)), "--address",
                                      f"tcp://{net.hosts[1].addr}"]
@@ -45,7 +46,8 @@ def cmd_calibrate(a) -> int:
         print("psring: error: calibration did not finish within 600 s", file=sys.stderr)
         return 1
     finally:
-        net.close()
+        if net is not None:
+            net.close()
         signal.signal(signal.SIGTERM, old)
 
 

@@ -62,16 +62,19 @@ def save(fig: Figure, out_dir: Path, stem: str, formats: tuple[str, ...] = FORMA
     same data give the same files. The layout is computed for the first format and kept for the others
     (constrained layout is about a third of a save, and a second pass moves the axes by about a point)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, fmt in enumerate(formats):
-        if i == 1:
-            fig.set_layout_engine("none")
-        path = out_dir / f"{stem}.{fmt}"
-        meta = {"svg": {"Date": None, "Creator": None}, "png": {"Software": None},
-                "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}.get(fmt)
-        with matplotlib.rc_context({"svg.hashsalt": "psring", "svg.fonttype": "none"}):
-            fig.savefig(path, format=fmt, dpi=120, metadata=meta)
-        paths.append(path)
+    paths, engine = [], fig.get_layout_engine()
+    try:
+        for i, fmt in enumerate(formats):
+            if i == 1:
+                fig.set_layout_engine("none")
+            path = out_dir / f"{stem}.{fmt}"
+            meta = {"svg": {"Date": None, "Creator": None}, "png": {"Software": None},
+                    "pdf": {"CreationDate": None, "Creator": None, "Producer": None}}.get(fmt)
+            with matplotlib.rc_context({"svg.hashsalt": "psring", "svg.fonttype": "none"}):
+                fig.savefig(path, format=fmt, dpi=120, metadata=meta)
+            paths.append(path)
+    finally:  # (a figure changed and saved again is laid out again)
+        fig.set_layout_engine(engine)
     return paths
 
 

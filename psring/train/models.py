@@ -140,7 +140,7 @@ def model_of(cfg, seed: int | None = None) -> nn.Module:
 # and torch's meta kernel of normal_ (torch._refs, wrapped in torch._compile._disable_dynamo) imports torch._dynamo at
 # its first call: 2-3 s of CPU in a process that builds no optimizer (the launcher; a PS worker or server).
 RANDOM_INITS = frozenset({"normal_", "uniform_", "random_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
-                          "cauchy_", "erfinv_"})
+                          "cauchy_"})
 
 
 class _MetaInitSkipped(torch.overrides.TorchFunctionMode):
