@@ -189,3 +189,15 @@ def test_a_replayed_run_is_held_and_cleared_as_psring_simulate_holds_and_clears_
     assert (by.drop(index=ids[("ps", 2)])["status"] == "ok").all()
     assert not (stale / "ranks" / "rank7.jsonl").exists() and not (stale / "links.jsonl").exists()
     assert set(pd.read_json(stale / "steps.jsonl", lines=True)["rank"]) == {0, 1, 2, 3}
+
+
+def test_a_replayed_sweep_with_a_setting_the_replay_refuses_is_one_line_before_any_run(tmp_path):
+    """``[sweep] simulate = true`` with ``checkpoint_every`` (or any setting the simulator does not replay): the
+    replay's own checks run on every run first, one line naming the run, and nothing is written."""
+    from psring.config import ConfigError
+
+    f = tmp_path / "ckpt.toml"
+    f.write_text(SWEEP.format(steps=4) + "checkpoint_every = 2\n")
+    with pytest.raises(ConfigError, match=r"^run sync-none_workers-1\S*: psring simulate neither resumes nor writes "):
+        run_sweep(str(f), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()

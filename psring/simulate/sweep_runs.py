@@ -23,6 +23,18 @@ def sim_settings(run: dict) -> dict:
     return {"jitter": jitter, "alpha_us": float(alpha), **({"readiness": readiness} if readiness != "bytes" else {})}
 
 
+def check_replays(ids: list[str], configs: list) -> None:
+    """Every run of a replayed sweep passes the replay's own checks (``checks.check``) before any is replayed: a
+    setting the simulator does not replay is one line naming the run, not a failure a run, found run by run."""
+    from .checks import check
+
+    for ident, cfg in zip(ids, configs):
+        try:
+            check(cfg)
+        except ConfigError as e:
+            raise ConfigError(f"run {ident}: {e}") from None
+
+
 def other_kind(run_dir: Path, simulated: bool) -> str | None:
     """What ``run_dir`` holds if it is a finished run of the other kind (measured where this sweep replays,
     replayed where it measures): neither may overwrite the other."""
