@@ -21,9 +21,9 @@ from .forked import ForkedProc, fork_child
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent() -> None:  # runs in the child between fork and exec (``Popen(preexec_fn=...)``)
+def die_with_parent(sig: int = signal.SIGKILL) -> None:  # in the child between fork and exec (``preexec_fn``)
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
     except OSError:
         pass  # not Linux: stop_all and the children's own timeouts still apply
 

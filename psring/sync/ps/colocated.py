@@ -9,13 +9,14 @@ with its worker if that one is killed (the kernel's parent-death signal).
 """
 from __future__ import annotations
 
-import ctypes
 import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
+from ...launch.children import die_with_parent
 from ...topology import local_world
 from ...train.torchrun import job_store, own_address
 
@@ -23,11 +24,6 @@ ADDR_KEY = "psring/server-addr/"
 START_TIMEOUT_S, EXIT_WAIT_S = 60.0, 10.0
 _started: list[subprocess.Popen] = []  # still to stop (``stop_started``)
 _hosts: list[int] = []  # the nodes whose server this process started (``started_hosts``)
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # in the child, before exec
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def server_records(out: Path, host: int) -> Path:
@@ -55,7 +51,7 @@ def start_server(cfg, host: int, world: int) -> str:
     log = open(Path(cfg.out) / "servers" / f"server{host}.log", "ab")  # noqa: SIM115 - the child holds it
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=partial(die_with_parent, signal.SIGTERM))
     finally:
         log.close()
     _started.append(proc)
