@@ -37,8 +37,7 @@ def powersgd_rank(spec: str) -> int:
     except ValueError:
         r = 0
     if r < 1:
-        raise ValueError(f"--compress {spec!r}: PowerSGD needs an integer rank >= 1, e.g. powersgd:1 or "
-                         "powersgd:4")
+        raise ValueError(f"codec {spec!r}: PowerSGD needs an integer rank >= 1, e.g. powersgd:1 or powersgd:4")
     return r
 
 
