@@ -1,6 +1,6 @@
 """Checkpoint and resume: a BSP run killed after its step-7 checkpoint and resumed from it reaches the
-same parameters at step 12 as an uninterrupted run (within 1e-6), for ps and allreduce; the launcher
-says where the last checkpoint is when a run fails; a missing checkpoint is a one-line error."""
+same parameters at step 12 as an uninterrupted run (within 1e-6), for ps (the reduce family: test_compressed); the
+launcher says where the last checkpoint is when a run fails; a missing checkpoint is a one-line error."""
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """The command line as a user meets it: bad input gets one line and exit 2; a run leaves its outputs;
-`psring compare` prints its table; the loss falls over 200 steps for every strategy."""
+`psring compare` prints its table; the loss falls over 120 steps of one process (the strategies' own training:
+test_convergence, test_equivalence)."""
 from __future__ import annotations
 
 import json
@@ -92,7 +93,7 @@ def test_loss_falls_over_120_steps(psring, tmp_path, sync, n):
     out = tmp_path / "run"
     args = ["train", "--sync", sync, "--workers", str(n), "--steps", "120", "--batch-size", "32",
             "--num-samples", "4096", "--out", str(out), "--log-every", "60"]
-    r = psring.run(*args + (["--servers", "2"] if sync == "ps" else []), timeout=400)
+    r = psring.run(*args, timeout=400)
     assert r.returncode == 0, r.stderr
     loss = pd.read_json(out / "steps.jsonl", lines=True).groupby("step")["loss"].mean()
     first, last = loss.iloc[:15].mean(), loss.iloc[-15:].mean()

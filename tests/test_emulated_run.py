@@ -116,7 +116,7 @@ def test_without_root_the_emulated_net_is_a_one_line_error(monkeypatch, capsys, 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     rc = cli.main(["train", "--net", "emulated", "--steps", "2", "--out", str(tmp_path / "x")])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "\n" not in err and "root" in err, err
+    assert rc == 2 and "\n" not in err and "needs root" in err, err
     rc = cli.main(["net", "cleanup"])
     err = capsys.readouterr().err.strip()
-    assert rc == 2 and "\n" not in err and "root" in err, err
+    assert rc == 2 and "\n" not in err and "needs root" in err, err

@@ -2,6 +2,7 @@
 tensors split too; and that training with them still equals single-process training."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -20,6 +21,7 @@ from psring.sync.ps.sharding import (
     fitted_chunk_bytes,
     plan_chunks,
 )
+from psring.train.models import build_model
 
 M = 44_695_848  # ResNet-18's gradients
 MBIT100, GBIT = 12.5e6, 125e6
@@ -117,3 +119,6 @@ def test_ps_on_an_emulated_link_fits_chunks_splits_one_servers_tensors_and_match
     assert r.returncode == 0, r.stderr
     diff = max_rel_diff(torch.load(tmp_path / "run" / "model.pt"), reference(2))
     assert diff <= 1e-5, f"ps N=2 S=1 on an emulated link: max relative difference {diff:.2e}"
+    chunk = json.loads((tmp_path / "run" / "summary.json").read_text())["chunk_bytes"]
+    largest = max(p.numel() * 4 for p in build_model("cnn", 0).parameters())
+    assert chunk < largest < 4 << 20, (chunk, largest)  # fitted below the 4 MiB default, and splitting a tensor

@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 import torch
 import torch.multiprocessing as mp
-from test_equivalence import SMALL_BUCKETS, max_rel_diff, train_args
+from test_equivalence import SMALL_BUCKETS, STEPS, max_rel_diff, train_args
 
 TOL = 1e-5
 JOIN_S = 60  # per process; gloo's own timeout (below) fails a stuck transfer well before
@@ -45,7 +45,9 @@ def test_ring_matches_single_process_and_moves_ring_bytes(psring, tmp_path, refe
     assert diff <= TOL, f"ring N={n} overlap={overlap}: max relative difference {diff:.2e} > {TOL}"
 
     m, item = model_grad_bytes(), 4
-    for step, recs in step_records(tmp_path / "run").items():
+    steps = step_records(tmp_path / "run")
+    assert sorted(steps) == list(range(STEPS))  # (every step's checks below: none skipped for want of records)
+    for step, recs in steps.items():
         assert sorted(rec["rank"] for rec in recs) == list(range(n)), f"step {step}"
         for rec in recs:
             names = [name for name, _, _ in rec["messages"]]

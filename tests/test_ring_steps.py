@@ -106,7 +106,7 @@ def test_pick_defaults_first_step_after_warmup_largest_bucket(tmp_path):
     assert rs.bucket_bytes == 400_000  # 4 chunks of 25 000 floats
     assert pick_ring_step(d, step=0, bucket=0).bucket_bytes == 4000
     assert rs.transfers[0].start == pytest.approx(sync_start(3) + 0.1)  # wall clock: sync start + offset
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no ring transfers at step 99"):
         pick_ring_step(d, step=99)
 
 

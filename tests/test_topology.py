@@ -54,7 +54,8 @@ def test_mixed_shares_follow_bytesps_optimum():
 ])
 def test_bad_topology_is_one_line_exit_2(psring, tmp_path, argv, msg):
     r = psring.run("train", "--model", "cnn", "--steps", "1", "--out", str(tmp_path / "x"), *argv)
-    assert r.returncode == 2 and msg in r.stderr.strip().splitlines()[-1], r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and msg in lines[0], r.stderr
 
 
 @needs_net

@@ -1,7 +1,8 @@
 """The zygote (``psring/launch/zygote.py``, ``forked.py``): the launcher's ``psring worker|server`` children are forks
 of one process that imported torch, and behave as the processes ``subprocess.Popen`` started: their command line
 in ``ps``, their log, environment, working directory and exit code, a signal's minus; ``PSRING_FORK=0`` and any
-other command line start afresh. (Every launching test runs its children this way; these pin the contract.)"""
+other command line start afresh. (Every launching test runs its children this way; these pin the contract, the
+environment but through every launch: each worker reads its RANK there.)"""
 from __future__ import annotations
 
 import gc
