@@ -30,7 +30,7 @@ def compute(v: str) -> str | None:
     if mode not in ("real", "emulated") or (ms and mode != "emulated"):
         return f"must be real, emulated or emulated:MS, got {v!r}"
     try:
-        ok = not ms or 0 < float(ms) < math.inf  # (inf: a step that never ends)
+        ok = not ms or 0 < float(ms) < math.inf  # (inf: every worker's sleep fails, OverflowError)
     except ValueError:
         ok = False
     return None if ok else f"emulated:MS needs a finite positive number of milliseconds, got {ms!r}"

@@ -251,7 +251,8 @@ def run_sweep(path: str, out: str | None = None, echo: bool = False, only: list[
     ids = [run_id(r, keys) for r in runs]
     configs = make_configs(runs, ids, out_dir, path)  # validate all, run none yet
     sims = [sim_settings(r) if simulated else None for r in runs]
-    check_replays(ids, configs) if simulated else None
+    if simulated:
+        check_replays(ids, configs)
     other = next(((i, k) for i, c in zip(ids, configs) if (k := other_kind(Path(c.out), simulated))), None)
     if other:  # before anything is written: runs.csv and its rows stay the other sweep's
         raise ConfigError(f"{out_dir} holds {other[1]} run ({other[0]}); give this sweep another --out")
